@@ -1,0 +1,60 @@
+"""Checkpoints with orbax: a PyTree of arrays plus a small JSON record, written atomically."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from dlc.errors import UserError
+
+# orbax logs every save at INFO through absl; the run's own event log already records them.
+logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+class Checkpointer:
+    """Numbered checkpoints under one directory; keeps the newest `keep`."""
+
+    def __init__(self, directory: Path, keep: int) -> None:
+        self.directory = directory.absolute()
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True),
+        )
+
+    def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        if self._manager.latest_step() == step:
+            return  # already saved at this step (an interval save just before exit)
+        # orbax writes into a temporary directory and renames it when complete, so a crash
+        # mid-save leaves the previous checkpoint as the latest one.
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
+            force=True,
+        )
+        self._manager.wait_until_finished()
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def restore(self, like: Any) -> tuple[Any, dict[str, Any]]:
+        """The newest checkpoint, shaped like `like`."""
+        step = self.latest_step()
+        if step is None:
+            raise UserError(f"no checkpoint in {self.directory}: pass --fresh to start over")
+        try:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
+            )
+        except Exception as exc:  # orbax raises many types for a damaged or foreign checkpoint
+            raise UserError(
+                f"checkpoint {self.directory / str(step)} is unreadable ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}): pass --fresh to start "
+                "over, or choose another run.dir"
+            ) from None
+        return restored["state"], dict(restored["meta"])
+
+    def close(self) -> None:
+        self._manager.close()

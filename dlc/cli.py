@@ -1,0 +1,81 @@
+"""The `dlc` command line. Thin: parse, load the recipe, call one function.
+
+Heavy modules (JAX, Ray) are imported inside the commands so `dlc --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from dlc.errors import UserError
+
+app = typer.Typer(
+    help="Train neural networks with Decoupled DiLoCo: independent learners, an asynchronous syncer.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Train neural networks with Decoupled DiLoCo: independent learners, an asynchronous syncer."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print a user error without a traceback and exit with code 2."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file, e.g. recipes/tiny.yaml.", show_default=False)],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Dotted key=value overrides, e.g. run.dir=/tmp/r1 learners.count=2.", show_default=False),
+    ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start over even if the run directory holds a checkpoint.")
+    ] = False,
+) -> None:
+    """Train a model from a recipe. Resumes when run.dir holds a checkpoint (unless --fresh)."""
+    from dlc.recipe import load_recipe
+
+    try:
+        loaded = load_recipe(recipe, overrides or [])
+        from dlc.runtime import limit_xla_threads
+
+        limit_xla_threads(loaded.learners.xla_cpu_threads)
+        from dlc import train as train_mod
+
+        outcome = train_mod.run(loaded, fresh=fresh)
+    except UserError as exc:
+        fail(str(exc))
+    summary = outcome.summary
+    typer.echo(
+        f"{outcome.status}: {summary['steps']} steps, {summary['tokens_total']:,} tokens in "
+        f"{summary['wall_s']:.1f} s; eval loss {summary['eval_loss_initial']:.3f} -> "
+        f"{summary['eval_loss_final']:.3f} ({summary['eval_bpb_final']:.3f} bits/byte); run dir {outcome.run_dir}",
+        err=True,
+    )
+    if outcome.status == "interrupted":
+        args = " ".join([str(recipe), *(o for o in overrides or [] if not o.startswith("run.dir="))])
+        typer.echo(f"resume with: dlc train {args} run.dir={outcome.run_dir}", err=True)
+    raise typer.Exit(outcome.exit_code)
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:  # raised outside a command's own handler
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""One learner: parameters, AdamW state and a byte stream, stepped by a host loop.
+
+The jitted step stays pure; everything with a side effect (pacing, metrics, checkpoints, and
+later pushing fragments to the syncer) happens here, around it. Metrics of step t are read
+after step t+1 has been dispatched so the host never waits on the device for them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from dlc.data import ByteStream
+from dlc.inner import make_optimizer, make_train_step
+from dlc.model import Params, build_model
+from dlc.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one finished inner step reports to the host loop."""
+
+    step: int
+    tokens: int
+    loss: float
+    grad_norm: float
+    step_time_s: float
+
+
+class Learner:
+    def __init__(self, recipe: Recipe, index: int, stream_bytes: np.ndarray) -> None:
+        self.index = index
+        self.batch_size = recipe.learners.batch_size_of(index)
+        self.seq_len = recipe.learners.seq_len
+        self.pace_s = recipe.learners.step_time_s_of(index)
+        self.graphdef, params = build_model(recipe.model, recipe.run.seed)
+        self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
+        self.params: Params = jax.device_put(params)
+        self.opt_state: Any = self.optimizer.init(self.params)
+        self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
+        self._train_step = make_train_step(self.graphdef, self.optimizer)
+        self.step = 0
+        self.tokens = 0
+        self._pending: tuple[int, int, dict[str, jax.Array], float] | None = None
+        self._last_start = 0.0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def train_step(self) -> StepRecord | None:
+        """Dispatch one inner step; return the previous step's record (None on the first)."""
+        if self.pace_s:
+            wait = self._last_start + self.pace_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        start = time.monotonic()
+        self._last_start = start
+        x_BxT, y_BxT = self.stream.next_batch()
+        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, x_BxT, y_BxT)
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        previous, self._pending = self._pending, (self.step, self.tokens, metrics, start)
+        return self._finish(previous, start) if previous else None
+
+    def flush(self) -> StepRecord | None:
+        """Wait for the step in flight and return its record."""
+        pending, self._pending = self._pending, None
+        return self._finish(pending, time.monotonic()) if pending else None
+
+    @staticmethod
+    def _finish(pending: tuple[int, int, dict[str, jax.Array], float], now: float) -> StepRecord:
+        step, tokens, metrics, started = pending
+        host = jax.device_get(metrics)
+        return StepRecord(step, tokens, float(host["loss"]), float(host["grad_norm"]), now - started)
+
+    # -- state, for checkpoints and (later) copies to a rejoining peer -----------------------
+
+    def state_tree(self) -> dict[str, Any]:
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def state_meta(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens, "data_position": self.stream.position}
+
+    def load_state(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.flush()
+        self.params = jax.device_put(tree["params"])
+        self.opt_state = jax.device_put(tree["opt_state"])
+        self.step = int(meta["step"])
+        self.tokens = int(meta["tokens"])
+        self.stream.position = int(meta["data_position"])

@@ -7,6 +7,7 @@ declared is an error with a did-you-mean, never a silently ignored default.
 from __future__ import annotations
 
 import difflib
+import json
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -208,10 +209,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise UserError(f"override {item!r} is not key=value: write it as e.g. learners.count=2")
-        try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            value = raw
+        value = _parse_scalar(raw)
         node = tree
         *parents, leaf = key.split(".")
         for part in parents:
@@ -221,6 +219,19 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             node = child
         node[leaf] = value
     return tree
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-3 as a string; a user means the number
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def merge_tree(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -298,3 +309,28 @@ def describe_validation_error(exc: ValidationError, origin: str) -> str:
 
 def dump_recipe(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def reference_markdown() -> str:
+    """The recipe reference tables of the README, generated from the declared fields."""
+    from pydantic_core import PydanticUndefined
+
+    lines: list[str] = []
+    for section, field in Recipe.model_fields.items():
+        model = field.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        lines += [f"**`{section}`**: {field.description}", "", "| key | default | meaning |", "|---|---|---|"]
+        for name, sub in model.model_fields.items():
+            if sub.default_factory is not None:
+                default: Any = sub.default_factory()  # type: ignore[call-arg]
+            else:
+                default = "required" if sub.default is PydanticUndefined else sub.default
+            shown = default if default == "required" else json.dumps(default)
+            lines.append(f"| `{section}.{name}` | `{shown}` | {sub.description} |")
+            item = next(iter(getattr(sub.annotation, "__args__", ())), None)
+            if isinstance(item, type) and issubclass(item, BaseModel):  # a list of per-item settings
+                for key, leaf in item.model_fields.items():
+                    leaf_default = "required" if leaf.default is PydanticUndefined else json.dumps(leaf.default)
+                    lines.append(f"| `{section}.{name}[].{key}` | `{leaf_default}` | {leaf.description} |")
+        lines.append("")
+    return "\n".join(lines)

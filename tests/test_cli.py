@@ -1,0 +1,46 @@
+"""The CLI as a user meets it: help is fast, bad input is one clear line and exit code 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, TINY, run_cli
+
+
+def test_help_does_not_import_jax_or_ray():
+    code = "import sys, dlc.cli; bad = {'jax', 'ray', 'flax', 'optax'} & set(sys.modules); print(sorted(bad))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+    for args in (["--help"], ["train", "--help"]):
+        result = run_cli(*args)
+        assert result.returncode == 0 and "Usage" in result.stdout
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["train", "recipes/nope.yaml"], ["recipe file 'recipes/nope.yaml' not found", "tiny.yaml"]),
+        (["train", str(TINY), "learners.batchsze=4"], ["did you mean learners.batch_size?"]),
+        (["train", str(TINY), "model.width=abc"], ["model.width='abc'"]),
+        (["train", str(TINY), "oops"], ["'oops' is not key=value"]),
+        (["train", str(TINY), "data.source=text", "data.paths=[/nonexistent/*.txt]"], ["matches no file"]),
+    ],
+)
+def test_bad_input_exits_2_without_traceback(args, fragments, tmp_path):
+    assert_user_error(run_cli(*args, f"run.dir={tmp_path / 'r'}" if len(args) > 2 else "run.dir=x"), *fragments)
+
+
+def test_empty_corpus(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    result = run_cli("train", str(TINY), "data.source=text", f"data.paths=[{empty}]", f"run.dir={tmp_path / 'r'}")
+    assert_user_error(result, "corpus is empty")
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+
+from dlc.errors import UserError
+from dlc.recipe import Recipe, load_recipe, parse_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_recipes_load():
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        assert isinstance(load_recipe(path), Recipe)
+
+
+def test_override_parsing_types():
+    tree = parse_overrides(["run.dir=/tmp/r1", "learners.count=2", "inner.lr=1e-3", "data.paths=[a, b]"])
+    assert tree == {
+        "run": {"dir": "/tmp/r1"},
+        "learners": {"count": 2},
+        "inner": {"lr": 1e-3},
+        "data": {"paths": ["a", "b"]},
+    }
+
+
+def test_overrides_apply(tmp_path):
+    r = load_recipe(REPO / "recipes/tiny.yaml", ["run.dir=/tmp/r1", "learners.batch_size=4", "model.width=32"])
+    assert r.run.dir == "/tmp/r1" and r.learners.batch_size == 4 and r.model.width == 32
+    assert r.model.num_layers == 4  # untouched keys keep the recipe's value
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["learners.batchsize=4"], "unknown key learners.batchsize: did you mean learners.batch_size?"),
+        (["modle.width=4"], "unknown key modle: did you mean model?"),
+        (["learners.count=0"], "learners.count=0: Input should be greater than or equal to 1"),
+        (["model.num_heads=3"], "model.num_heads=3 does not divide model.width=64"),
+        (["learners.seq_len=512"], "learners.seq_len=512 is longer than model.context_len=64"),
+        (["data.source=web"], "data.source='web'"),
+        (["run.max_steps=null"], "no stop condition"),
+        (["learners.count"], "is not key=value"),
+        (["data.source=text"], "data.source=text needs data.paths"),
+    ],
+)
+def test_bad_values_name_field_and_fix(overrides, message):
+    with pytest.raises(UserError) as err:
+        load_recipe(REPO / "recipes/tiny.yaml", overrides)
+    assert message in str(err.value)
+
+
+def test_wall_time_only_needs_schedule_length():
+    with pytest.raises(UserError, match="set inner.schedule_steps"):
+        load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_wall_s=60"])
+    r = load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_tokens=10240"])
+    # 10240 tokens / (16 sequences * 64 bytes) = 10 steps
+    assert r.schedule_steps() == 10
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_recipe(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_recipe(bad)
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="must be a mapping"):
+        load_recipe(tmp_path / "list.yaml")
+
+
+def test_every_field_is_documented():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            for c in (ann, *getattr(ann, "__args__", ())):
+                if isinstance(c, type) and hasattr(c, "model_fields"):
+                    walk(c)
+
+    walk(Recipe)

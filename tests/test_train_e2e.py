@@ -1,0 +1,116 @@
+"""End to end on the real CLI: tiny trains, a run directory resumes, damage is reported."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY, run_cli
+from tests.test_cli import assert_user_error
+
+pytestmark = pytest.mark.slow
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_tiny_trains_and_loss_falls(tmp_path):
+    run_dir = tmp_path / "tiny"
+    result = run_cli("train", str(TINY), f"run.dir={run_dir}", "run.max_steps=500", "eval.every_steps=250")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 500
+    # Bytes start near ln 256 = 5.55 nats; 500 steps of tiny reach well under 2/3 of that.
+    assert 5.0 < summary["eval_loss_initial"] < 5.8
+    assert summary["eval_loss_final"] < 0.6 * summary["eval_loss_initial"]
+    assert summary["tokens_total"] == 500 * 16 * 64
+    events = read_jsonl(run_dir / "events.jsonl")
+    assert all("t" in e and "kind" in e for e in events)
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+    evals = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "eval"]
+    assert [m["step"] for m in evals] == [0, 250, 500, 500]
+    assert (run_dir / "recipe.yaml").is_file() and json.loads((run_dir / "status.json").read_text())["step"] == 500
+
+
+def start_train(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlc.cli", "train", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if json.loads((run_dir / "status.json").read_text())["step"] >= step:
+                return
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"run did not reach step {step}")
+
+
+def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):
+    run_dir = tmp_path / "r"
+    args = (str(TINY), f"run.dir={run_dir}", "run.max_steps=300", "checkpoint.every_steps=1000")
+    proc = start_train(*args)
+    try:
+        wait_for_step(run_dir, 60, proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "resume with: dlc train" in stderr
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["status"] == "interrupted" and 60 <= first["steps"] < 300
+    assert first["data_position"] == first["steps"]
+
+    result = run_cli("train", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    resumed = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "run_resumed"]
+    assert len(resumed) == 1
+    assert resumed[0]["step"] == first["steps"] and resumed[0]["data_position"] == first["data_position"]
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["status"] == "completed" and final["steps"] == 300 and final["data_position"] == 300
+    # The initial loss is the run's, not the resumed model's.
+    assert final["eval_loss_initial"] == first["eval_loss_initial"]
+    # Train steps logged every 50: the resumed run logs the steps after the interruption, never repeats one.
+    steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == 300
+
+
+def test_resume_refuses_other_model_and_damaged_checkpoint(tmp_path):
+    run_dir = tmp_path / "r"
+    assert run_cli("train", str(TINY), f"run.dir={run_dir}", "run.max_steps=20").returncode == 0
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+
+    other = run_cli("train", str(TINY), f"run.dir={run_dir}", "run.max_steps=40", "model.width=32")
+    assert_user_error(other, "holds a checkpoint of a different run", "model.width", "--fresh")
+    assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints  # nothing destroyed
+
+    for f in (run_dir / "checkpoints" / "20" / "state").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    damaged = run_cli("train", str(TINY), f"run.dir={run_dir}", "run.max_steps=40")
+    assert_user_error(damaged, "is unreadable", "--fresh")
+    assert (run_dir / "checkpoints" / "20").is_dir()
+
+    fresh = run_cli("train", str(TINY), f"run.dir={run_dir}", "run.max_steps=10", "--fresh")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 10
+    shutil.rmtree(run_dir)

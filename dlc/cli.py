@@ -42,12 +42,17 @@ def train(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Start over even if the run directory holds a checkpoint.")
     ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Join this Ray cluster (same as cluster.address=...).", show_default=False),
+    ] = None,
 ) -> None:
     """Train a model from a recipe. Resumes when run.dir holds a checkpoint (unless --fresh)."""
     from dlc.recipe import load_recipe
 
     try:
-        loaded = load_recipe(recipe, overrides or [])
+        extra = [f"cluster.address={address}"] if address else []
+        loaded = load_recipe(recipe, [*(overrides or []), *extra])
         from dlc.runtime import limit_xla_threads
 
         limit_xla_threads(loaded.learners.xla_cpu_threads)
@@ -57,16 +62,23 @@ def train(
     except UserError as exc:
         fail(str(exc))
     summary = outcome.summary
+    final = summary.get("eval_loss_final")
+    loss = f"; eval loss {summary['eval_loss_initial']:.3f} -> {final:.3f} ({summary['eval_bpb_final']:.3f} bits/byte)"
     typer.echo(
-        f"{outcome.status}: {summary['steps']} steps, {summary['tokens_total']:,} tokens in "
-        f"{summary['wall_s']:.1f} s; eval loss {summary['eval_loss_initial']:.3f} -> "
-        f"{summary['eval_loss_final']:.3f} ({summary['eval_bpb_final']:.3f} bits/byte); run dir {outcome.run_dir}",
+        f"{outcome.status}: {summary['tokens_total']:,} tokens in {summary['wall_s']:.1f} s"
+        f"{loss if final is not None else ''}; run dir {outcome.run_dir}",
         err=True,
     )
     if outcome.status == "interrupted":
         args = " ".join([str(recipe), *(o for o in overrides or [] if not o.startswith("run.dir="))])
         typer.echo(f"resume with: dlc train {args} run.dir={outcome.run_dir}", err=True)
     raise typer.Exit(outcome.exit_code)
+
+
+from dlc.cli_plan import bandwidth_command, simulate_command  # noqa: E402
+
+app.command("simulate")(simulate_command)
+app.command("bandwidth")(bandwidth_command)
 
 
 def main() -> None:

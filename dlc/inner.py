@@ -56,7 +56,7 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     # Donation lets XLA update parameters and moments in place instead of copying them.
     return jax.jit(train_step, donate_argnums=(0, 1))

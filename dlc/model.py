@@ -129,3 +129,41 @@ def unflatten_params(flat: dict[str, np.ndarray], like: Params) -> Params:
 
 def count_params(params: Params) -> int:
     return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
+
+
+class ParamView:
+    """Reads and replaces individual tensors of a nested parameter dict by path name."""
+
+    def __init__(self, like: Params) -> None:
+        self.paths: dict[str, tuple[Any, ...]] = {}
+
+        def visit(node: Any, path: tuple[Any, ...]) -> None:
+            if isinstance(node, dict):
+                for key, child in node.items():
+                    visit(child, (*path, key))
+            else:
+                self.paths["/".join(str(k) for k in path)] = path
+
+        visit(like, ())
+
+    def read(self, params: Params, names: Any) -> dict[str, np.ndarray]:
+        """Host copies (never views: device buffers are donated to the next step)."""
+        out = {}
+        for name in names:
+            node = params
+            for key in self.paths[name]:
+                node = node[key]
+            out[name] = np.array(node, dtype=np.float32, copy=True)
+        return out
+
+    def write(self, params: Params, tensors: dict[str, np.ndarray]) -> Params:
+        """A new nested dict with `tensors` replaced; other leaves are shared, not copied."""
+        params = dict(params)
+        for name, value in tensors.items():
+            *parents, leaf = self.paths[name]
+            node = params
+            for key in parents:
+                node[key] = dict(node[key])
+                node = node[key]
+            node[leaf] = jnp.asarray(value)
+        return params

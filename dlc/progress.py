@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -70,23 +70,22 @@ class ProgressView:
         )
 
     @staticmethod
-    def _render(snap: dict[str, Any]) -> Table:
-        table = Table.grid(padding=(0, 2))
+    def _render(snap: dict[str, Any]) -> Group:
+        head = Table.grid(padding=(0, 2))
         for _ in range(6):
-            table.add_column()
+            head.add_column()
         done = snap.get("progress", 0.0)
-        bar_width = 24
-        filled = int(bar_width * done)
-        bar = "[green]" + "━" * filled + "[/green][dim]" + "━" * (bar_width - filled) + "[/dim]"
-        table.add_row(
-            f"[bold]{snap.get('run', '')}[/bold]",
+        filled = int(24 * done)
+        bar = "[green]" + "━" * filled + "[/green][dim]" + "━" * (24 - filled) + "[/dim]"
+        head.add_row(
+            f"[bold]{snap.get('run', '')}[/bold] ({snap.get('algorithm', '')})",
             f"{bar} {done:5.1%}",
             f"elapsed {fmt_duration(snap.get('elapsed_s'))}",
             f"ETA {fmt_duration(snap.get('eta_s'))}",
             "",
             "",
         )
-        table.add_row(
+        head.add_row(
             f"step [cyan]{snap.get('step', 0)}[/cyan]",
             f"tokens {snap.get('tokens', 0):,}",
             f"loss [yellow]{fmt_float(snap.get('train_loss'))}[/yellow]",
@@ -94,4 +93,26 @@ class ProgressView:
             f"bpb {fmt_float(snap.get('eval_bpb'))}",
             f"{snap.get('tokens_per_s', 0):,.0f} tok/s",
         )
-        return table
+        learners = Table(box=None, padding=(0, 2), header_style="bold dim")
+        for column in ("learner", "state", "step", "tokens", "tok/s", "loss", "last push"):
+            learners.add_column(column, justify="right" if column not in ("state",) else "left")
+        for row in snap.get("learners", []):
+            age = row.get("last_push_age_s")
+            learners.add_row(
+                str(row.get("id")),
+                str(row.get("state")),
+                str(row.get("step", 0)),
+                f"{row.get('tokens', 0):,}",
+                f"{row.get('tokens_per_s', 0):,.0f}",
+                fmt_float(row.get("loss")),
+                "-" if age is None else f"{age:.1f}s ago",
+            )
+        sync = snap.get("syncer") or {}
+        rejected = sum((sync.get("rejections") or {}).values())
+        syncer_line = (
+            f"syncer: {sync.get('rounds_closed', 0)} rounds, "
+            f"{sync.get('mean_contributors', 0):.2f} contributors/round, "
+            f"grace {sync.get('grace_window_s', 0):.2f}s, quorum {sync.get('quorum', '-')}, rejected {rejected}, "
+            f"up {sync.get('bytes_up', 0) / 2**20:.2f} MiB, down {sync.get('bytes_down', 0) / 2**20:.2f} MiB"
+        )
+        return Group(head, learners, syncer_line)

@@ -137,6 +137,57 @@ class InnerConfig(Section):
 class SyncerConfig(Section):
     """Settings of the syncer that merges learners' progress (Decoupled DiLoCo)."""
 
+    fragments: int = Field(
+        24, ge=1, description="P: parameter fragments, synced one at a time on a staggered schedule."
+    )
+    sync_interval_steps: int = Field(24, ge=1, description="H: inner steps between two syncs of the same fragment.")
+    overlap_steps: int = Field(
+        2, ge=0, description="tau: steps a learner trains on before adopting a merged fragment it sent for."
+    )
+    quorum: int = Field(1, ge=1, description="K: healthy learners whose pushes a round needs before it may close.")
+    grace_gamma: float = Field(
+        0.5, ge=0, le=1, description="Grace window = gamma * (tau * step time - quorum time - sync time), each an EMA."
+    )
+    heartbeat_interval_s: float = Field(0.5, gt=0, description="Seconds between a learner's heartbeats.")
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="A learner silent this long is unhealthy: rounds stop waiting for it."
+    )
+    max_staleness: int = Field(4, ge=0, description="Reject a push whose base is more than this many versions old.")
+    weighting: Literal["uniform", "tokens", "tokens_per_step"] = Field(
+        "tokens_per_step", description="Merge weights: uniform, by tokens, or tokens^2/steps (fair to slow learners)."
+    )
+    merge: Literal["mean", "rda"] = Field(
+        "mean", description="mean: weighted average of deltas; rda: radial-directional averaging per tensor."
+    )
+    outer_lr: float = Field(0.7, gt=0, description="Outer Nesterov SGD learning rate.")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Outer Nesterov momentum.")
+    adopt: Literal["replace", "mix", "rebase"] = Field(
+        "replace",
+        description="How a learner adopts a merged fragment: replace its values, mix them (mix_alpha), or "
+        "rebase (keep the progress made while the fragment was in flight).",
+    )
+    mix_alpha: float = Field(0.5, ge=0, le=1, description="adopt=mix: weight of the learner's own values.")
+    codec: Literal["none", "bf16", "int8", "int4"] = Field(
+        "int4", description="Compression of outer gradients learner -> syncer (none = fp32)."
+    )
+    codec_block_values: int = Field(64, ge=2, description="Values per absmax scale block for int8 / int4.")
+    down_codec: Literal["none", "bf16"] = Field(
+        "none", description="Encoding of merged fragments syncer -> learner (none = fp32)."
+    )
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved for the syncer.")
+    checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
+
+
+class ClusterConfig(Section):
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join (e.g. ray://head:10001 or auto). Default: start an embedded local "
+        "cluster bound to 127.0.0.1 with no dashboard.",
+    )
+    num_cpus: float | None = Field(
+        None, ge=1, description="CPUs the embedded cluster advertises. Default: enough for every learner."
+    )
+
 
 class CheckpointConfig(Section):
     every_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at exit).")
@@ -157,7 +208,13 @@ class Recipe(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="Corpus and splits.")
     learners: LearnersConfig = Field(default_factory=LearnersConfig, description="Learner islands.")
     inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner optimizer (AdamW).")
+    algorithm: Literal["decoupled", "none"] = Field(
+        "decoupled",
+        description="decoupled: Decoupled DiLoCo; none: independent learners that never synchronise "
+        "(a baseline for overhead; no global model to evaluate).",
+    )
     syncer: SyncerConfig = Field(default_factory=SyncerConfig, description="Syncer (outer loop).")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the processes run (Ray).")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint policy.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
 
@@ -175,6 +232,21 @@ class Recipe(Section):
                     f"learners.overrides has index {o.index} but learners.count={self.learners.count}: "
                     f"indices run from 0 to {self.learners.count - 1}"
                 )
+        sync = self.syncer
+        if sync.quorum > self.learners.count:
+            raise ValueError(
+                f"syncer.quorum={sync.quorum} but only {self.learners.count} learners: lower the quorum or add learners"
+            )
+        if sync.overlap_steps >= sync.sync_interval_steps:
+            raise ValueError(
+                f"syncer.overlap_steps={sync.overlap_steps} must be smaller than syncer.sync_interval_steps="
+                f"{sync.sync_interval_steps} (tau < H): a fragment must arrive before it is due again"
+            )
+        if sync.heartbeat_timeout_s <= sync.heartbeat_interval_s:
+            raise ValueError(
+                f"syncer.heartbeat_timeout_s={sync.heartbeat_timeout_s} must exceed syncer.heartbeat_interval_s="
+                f"{sync.heartbeat_interval_s}, or every learner looks dead between heartbeats"
+            )
         if self.run.max_steps is None and self.run.max_tokens is None and self.inner.schedule_steps is None:
             raise ValueError(
                 "the run stops only on run.max_wall_s, so the learning-rate schedule has no length: "
@@ -315,10 +387,15 @@ def reference_markdown() -> str:
     """The recipe reference tables of the README, generated from the declared fields."""
     from pydantic_core import PydanticUndefined
 
-    lines: list[str] = []
+    lines: list[str] = ["**top level**", "", "| key | default | meaning |", "|---|---|---|"]
+    for name, field in Recipe.model_fields.items():
+        if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            lines.append(f"| `{name}` | `{json.dumps(field.default)}` | {field.description} |")
+    lines.append("")
     for section, field in Recipe.model_fields.items():
         model = field.annotation
-        assert isinstance(model, type) and issubclass(model, BaseModel)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
         lines += [f"**`{section}`**: {field.description}", "", "| key | default | meaning |", "|---|---|---|"]
         for name, sub in model.model_fields.items():
             if sub.default_factory is not None:

@@ -1,32 +1,30 @@
-"""`dlc train`: run a recipe to its stop condition, with logs, checkpoints and a live view."""
+"""`dlc train`: start the syncer and learners on Ray, watch them, write the run directory.
+
+The driver never trains. It polls every actor without waiting on any one of them (a frozen
+process never answers), writes what they report to the run directory, asks for evaluations of
+the global model, and decides when the run ends.
+"""
 
 from __future__ import annotations
 
-import math
+import json
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from dlc.checkpoint import Checkpointer
-from dlc.data import load_corpus, split_corpus
-from dlc.errors import UserError
-from dlc.evaluate import Evaluator
-from dlc.learner import Learner, StepRecord
-from dlc.model import count_params
+from dlc.data import Split, load_corpus, split_corpus
 from dlc.progress import ProgressView
 from dlc.recipe import Recipe
-from dlc.rundir import RunDir
+from dlc.rundir import SUMMARY_FILE, RunDir
 
 EXIT_INTERRUPTED = 130
+TICK_S = 0.2
 
 
 class StopRequest:
-    """Turns the first Ctrl-C into a request to stop at the next step boundary.
-
-    A second Ctrl-C interrupts at once (KeyboardInterrupt), for a run that does not react.
-    """
+    """Turns the first Ctrl-C into a request to stop cleanly; a second one interrupts at once."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -53,7 +51,6 @@ class Outcome:
     summary: dict[str, Any]
     run_dir: str
     exit_code: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class Budget:
@@ -64,212 +61,363 @@ class Budget:
         self.max_tokens = recipe.run.max_tokens
         self.max_wall_s = recipe.run.max_wall_s
 
-    def progress(self, step: int, tokens: int, wall_s: float) -> float:
-        fractions = [
-            value / limit
-            for value, limit in ((step, self.max_steps), (tokens, self.max_tokens), (wall_s, self.max_wall_s))
-            if limit
-        ]
-        return min(1.0, max(fractions))
+    def progress(self, step: float, tokens: int, wall_s: float) -> float:
+        limits = ((step, self.max_steps), (tokens, self.max_tokens), (wall_s, self.max_wall_s))
+        return min(1.0, max(value / limit for value, limit in limits if limit))
+
+    def eta_s(self, step: float, tokens: int, wall_s: float, tokens_per_s: float, steps_per_s: float) -> float | None:
+        etas = []
+        if self.max_tokens and tokens_per_s > 0:
+            etas.append((self.max_tokens - tokens) / tokens_per_s)
+        if self.max_steps and steps_per_s > 0:
+            etas.append((self.max_steps - step) / steps_per_s)
+        if self.max_wall_s:
+            etas.append(self.max_wall_s - wall_s)
+        return max(0.0, min(etas)) if etas else None
 
 
 def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None) -> Outcome:
-    """Train one learner on the recipe until its stop condition, Ctrl-C, or an error."""
-    if recipe.learners.count != 1:
-        raise UserError(
-            f"learners.count={recipe.learners.count}: this build trains a single learner; set learners.count=1"
-        )
+    """Train the recipe until its stop condition, Ctrl-C, or an error."""
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     corpus = load_corpus(recipe.data)
-    min_bytes = recipe.learners.batch_size_of(0) * (recipe.learners.seq_len + 1) * 2
-    split = split_corpus(corpus, recipe.data, recipe.learners.count, recipe.run.seed, min_bytes)
+    min_bytes = max(recipe.learners.batch_size_of(i) for i in range(recipe.learners.count))
+    split = split_corpus(
+        corpus, recipe.data, recipe.learners.count, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2
+    )
     rundir, resume = RunDir.prepare(recipe, fresh)
+    rundir.event(
+        "run_started",
+        run_dir=str(rundir.path),
+        corpus_bytes=len(corpus),
+        eval_bytes=len(split.eval_bytes),
+        learners=recipe.learners.count,
+        algorithm=recipe.algorithm,
+        resumed=resume,
+    )
     try:
-        return _train(recipe, rundir, resume, split, len(corpus), view)
+        return Driver(recipe, rundir, resume, split, view).run()
     finally:
         rundir.close()
 
 
-def _train(recipe: Recipe, rundir: RunDir, resume: bool, split: Any, corpus_bytes: int, view: ProgressView) -> Outcome:
-    started = time.time()
-    learner = Learner(recipe, 0, split.streams[0])
-    evaluator = Evaluator(recipe, learner.graphdef, split.eval_bytes)
-    checkpointer = Checkpointer(rundir.checkpoint_dir, recipe.checkpoint.keep)
-    budget = Budget(recipe)
-    prior_wall_s, eval_initial = 0.0, None
-    if resume:
-        tree, meta = checkpointer.restore(learner.state_tree())
-        learner.load_state(tree, meta)
-        prior_wall_s, eval_initial = float(meta.get("wall_s", 0.0)), meta.get("eval_loss_initial")
-        rundir.event("run_resumed", step=learner.step, tokens=learner.tokens, data_position=learner.stream.position)
-        view.message(f"resumed {rundir.path} at step {learner.step} (data position {learner.stream.position})")
-    rundir.event(
-        "run_started",
-        run_dir=str(rundir.path),
-        params=count_params(learner.params),
-        corpus_bytes=corpus_bytes,
-        eval_bytes=len(split.eval_bytes),
-        resumed=resume,
-    )
-    rundir.event("learner_started", learner=0, step=learner.step, pid=_pid())
+class Driver:
+    def __init__(self, recipe: Recipe, rundir: RunDir, resume: bool, split: Split, view: ProgressView) -> None:
+        self.recipe = recipe
+        self.rundir = rundir
+        self.resume = resume
+        self.split = split
+        self.view = view
+        self.budget = Budget(recipe)
+        self.started = time.time()
+        self.prior_wall_s = 0.0
+        self.eval_initial: float | None = None
+        self.eval_loss: float | None = None
+        self.eval_bpb: float | None = None
+        self.learner_view: dict[int, dict[str, Any]] = {}
+        self.syncer_view: dict[str, Any] = {}
+        self.failure: str | None = None
+        self._polls: dict[Any, Any] = {}
+        self._eval_ref: Any = None
+        self._eval_step = 0.0
+        self._next_eval = recipe.eval.every_steps
+        self._rates: list[tuple[float, int, float]] = []
+        from dlc.algorithms import get_algorithm
 
-    def wall_s() -> float:
-        return prior_wall_s + time.time() - started
+        self.has_global_model = get_algorithm(recipe.algorithm).global_model
+        if resume:
+            previous = _read_json(rundir.path / SUMMARY_FILE)
+            self.prior_wall_s = float(previous.get("wall_s", 0.0))
+            self.eval_initial = previous.get("eval_loss_initial")
 
-    def save_checkpoint() -> None:
-        learner.flush()
-        meta = {**learner.state_meta(), "wall_s": wall_s(), "eval_loss_initial": eval_initial}
-        checkpointer.save(learner.step, learner.state_tree(), meta)
-        rundir.event("checkpoint_saved", step=learner.step, data_position=learner.stream.position)
+    # -- lifecycle ---------------------------------------------------------------------------
 
-    state: dict[str, Any] = {"eval_loss": None, "eval_bpb": None, "train_loss": None, "tokens_per_s": 0.0}
+    def run(self) -> Outcome:
+        from dlc import engine
 
-    def evaluate() -> None:
-        loss, bpb = evaluator(learner.params)
-        state.update(eval_loss=loss, eval_bpb=bpb)
-        rundir.metric(kind="eval", step=learner.step, tokens=learner.tokens, eval_loss=loss, eval_bpb=bpb)
+        learners = self.recipe.learners
+        cpus = sum(_learner_cpus(self.recipe, i) for i in range(learners.count)) + self.recipe.syncer.num_cpus
+        cluster = engine.start_cluster(self.recipe.cluster, cpus)
+        self.rundir.event("cluster_started", **cluster)
+        status, exit_code = "failed", 1
+        try:
+            self._launch(engine)
+            with StopRequest() as stop, self.view:
+                self._watch(stop)
+                status, exit_code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
+                if self.failure:
+                    status, exit_code = "failed", 1
+                self.view.message(f"{status}: stopping learners, merging what they have not pushed")
+                self._finish()
+        except KeyboardInterrupt:
+            status, exit_code = "interrupted", EXIT_INTERRUPTED
+        finally:
+            summary = self._summary(status)
+            self.rundir.write_status(self._snapshot(status))
+            self.rundir.write_summary(summary)
+            self.rundir.event("run_finished", status=status, tokens=summary["tokens_total"])
+            engine.stop_cluster()
+        if self.failure:
+            self.view.message(self.failure)
+        return Outcome(status, summary, str(self.rundir.path), exit_code)
 
-    if eval_initial is None:
-        evaluate()
-        eval_initial = state["eval_loss"]
+    def _launch(self, engine: Any) -> None:
+        import ray
 
-    status, exit_code = "failed", 1
-    rate = _Rate()
-    session_start_tokens = learner.tokens
-    last_status = 0.0
-    try:
-        with StopRequest() as stop, view:
-            while budget.progress(learner.step, learner.tokens, wall_s()) < 1.0 and not stop.requested:
-                record = learner.train_step()
-                if record is not None:
-                    _on_record(record, recipe, rundir, state, rate)
-                if learner.step % recipe.eval.every_steps == 0:
-                    evaluate()
-                if learner.step % recipe.checkpoint.every_steps == 0:
-                    save_checkpoint()
-                if time.time() - last_status >= recipe.run.status_interval_s:
-                    last_status = time.time()
-                    snap = _snapshot(recipe, rundir, learner, state, budget, wall_s(), "running")
-                    rundir.write_status(snap)
-                    view.update(snap)
-            record = learner.flush()
-            if record is not None:
-                _on_record(record, recipe, rundir, state, rate)
-            status, exit_code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
-            if stop.requested:
-                view.message("interrupted: writing a checkpoint")
-            else:
-                evaluate()
-    except KeyboardInterrupt:
-        status, exit_code = "interrupted", EXIT_INTERRUPTED
-    finally:
-        if status in ("completed", "interrupted"):
-            save_checkpoint()
-        tokens_this_session = learner.tokens - session_start_tokens
-        elapsed = time.time() - started
-        summary = {
-            "status": status,
-            "run": recipe.run.name,
-            "run_dir": str(rundir.path),
-            "wall_s": round(wall_s(), 3),
-            "steps": learner.step,
-            "tokens_total": learner.tokens,
-            "tokens_per_s": round(tokens_this_session / elapsed, 1) if elapsed > 0 else 0.0,
-            "params": count_params(learner.params),
-            "eval_loss_initial": eval_initial,
-            "eval_loss_final": state["eval_loss"],
-            "eval_bpb_final": state["eval_bpb"],
-            "data_position": learner.stream.position,
-        }
-        rundir.write_status(_snapshot(recipe, rundir, learner, state, budget, wall_s(), status))
-        rundir.write_summary(summary)
-        rundir.event("learner_stopped", learner=0, step=learner.step, reason=status)
-        rundir.event("run_finished", status=status, step=learner.step, tokens=learner.tokens)
-        checkpointer.close()
-    return Outcome(status=status, summary=summary, run_dir=str(rundir.path), exit_code=exit_code)
+        recipe, rundir = self.recipe, self.rundir
+        recipe_json = recipe.model_dump(mode="json")
+        run_dir = str(rundir.path)
+        self.syncer = engine.SyncerActor.options(num_cpus=recipe.syncer.num_cpus).remote(recipe_json, run_dir)
+        restored = ray.get(self.syncer.restore.remote()) if self.resume else None
+        if restored:
+            rundir.event("syncer_restored", **restored)
+        self.evaluator = engine.EvaluatorActor.options(num_cpus=0).remote(recipe_json, ray.put(self.split.eval_bytes))
+        self.learners = {}
+        for i in range(recipe.learners.count):
+            options: dict[str, Any] = {"num_cpus": _learner_cpus(recipe, i)}
+            gpus = next(
+                (o.num_gpus for o in recipe.learners.overrides if o.index == i and o.num_gpus is not None),
+                recipe.learners.num_gpus,
+            )
+            if gpus:
+                options["num_gpus"] = gpus
+            stream = ray.put(self.split.streams[i])
+            self.learners[i] = engine.LearnerActor.options(**options).remote(
+                recipe_json, i, stream, run_dir, self.syncer
+            )
+        if self.resume:
+            for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
+                rundir.event("run_resumed", learner=i, **where)
+                self.view.message(
+                    f"learner {i} resumed at step {where['step']} (data position {where['data_position']})"
+                )
+        ray.get([self.syncer.register.remote(i, h) for i, h in self.learners.items()])
+        if self.eval_initial is None and self.has_global_model:
+            self.eval_initial, _ = ray.get(self.evaluator.evaluate.remote(self.syncer.global_params.remote()))
+            rundir.metric(kind="eval", step=0, tokens=0, eval_loss=self.eval_initial, eval_bpb=_bpb(self.eval_initial))
+        fragments, versions = ray.get(self.syncer.global_fragments.remote()) if self.resume else (None, None)
+        ray.get(self.syncer.start.remote())
+        pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
+        for i, pid in enumerate(pids):
+            rundir.event("learner_started", learner=i, pid=pid)
+            self.learner_view[i] = {"id": i, "state": "training", "step": 0, "tokens": 0, "pid": pid}
 
+    def _watch(self, stop: StopRequest) -> None:
+        last_status = 0.0
+        while not stop.requested and not self.failure:
+            time.sleep(TICK_S)
+            self._poll_all()
+            self._maybe_evaluate()
+            step, tokens = self._mean_step(), self._tokens()
+            if time.time() - last_status >= self.recipe.run.status_interval_s:
+                last_status = time.time()
+                snap = self._snapshot("running")
+                self.rundir.write_status(snap)
+                self.view.update(snap)
+            done = all(v.get("state") in ("finished", "failed") for v in self.learner_view.values())
+            if done or self.budget.progress(step, tokens, self.wall_s()) >= 1.0:
+                return
 
-class _Rate:
-    """Tokens per second over the last few seconds."""
+    def _finish(self) -> None:
+        import ray
 
-    def __init__(self, window_s: float = 5.0) -> None:
-        self.window_s = window_s
-        self.points: list[tuple[float, int]] = []
-
-    def add(self, tokens: int) -> float:
-        now = time.monotonic()
-        self.points.append((now, tokens))
-        while len(self.points) > 2 and now - self.points[0][0] > self.window_s:
-            self.points.pop(0)
-        (t0, k0), (t1, k1) = self.points[0], self.points[-1]
-        return (k1 - k0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-def _on_record(record: StepRecord, recipe: Recipe, rundir: RunDir, state: dict[str, Any], rate: _Rate) -> None:
-    state["train_loss"] = record.loss
-    state["tokens_per_s"] = rate.add(record.tokens)
-    if not math.isfinite(record.loss):
-        raise FloatingPointError(f"train loss is {record.loss} at step {record.step}: lower inner.lr")
-    if record.step % recipe.run.log_every_steps == 0:
-        rundir.metric(
-            kind="train",
-            learner=0,
-            step=record.step,
-            tokens=record.tokens,
-            loss=record.loss,
-            grad_norm=record.grad_norm,
-            tokens_per_s=state["tokens_per_s"],
+        finals = ray.get([h.stop.remote() for h in self.learners.values()], timeout=300)
+        for i, final in enumerate(finals):
+            self._absorb_learner(i, final)
+            self.rundir.event("learner_stopped", learner=i, step=final["snapshot"]["step"], reason="run_end")
+        self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
+        if self._eval_ref is not None:
+            ray.get(self._eval_ref)
+        if not self.has_global_model:
+            return
+        params = self.syncer.global_params.remote()
+        self.eval_loss, self.eval_bpb = ray.get(self.evaluator.evaluate.remote(params), timeout=300)
+        self.rundir.metric(
+            kind="eval",
+            step=round(self._mean_step(), 1),
+            tokens=self._tokens(),
+            eval_loss=self.eval_loss,
+            eval_bpb=self.eval_bpb,
+            final=True,
         )
 
+    # -- polling -----------------------------------------------------------------------------
 
-def _snapshot(
-    recipe: Recipe,
-    rundir: RunDir,
-    learner: Learner,
-    state: dict[str, Any],
-    budget: Budget,
-    wall_s: float,
-    run_state: str,
-) -> dict[str, Any]:
-    progress = budget.progress(learner.step, learner.tokens, wall_s)
-    rate = state["tokens_per_s"]
-    eta = None
-    if budget.max_tokens and rate > 0:
-        eta = max(0.0, (budget.max_tokens - learner.tokens) / rate)
-    if budget.max_steps and rate > 0:
-        steps_eta = (budget.max_steps - learner.step) * learner.tokens_per_step / rate
-        eta = steps_eta if eta is None else min(eta, steps_eta)
-    if budget.max_wall_s:
-        eta = budget.max_wall_s - wall_s if eta is None else min(eta, budget.max_wall_s - wall_s)
-    return {
-        "run": recipe.run.name,
-        "run_dir": str(rundir.path),
-        "state": run_state,
-        "updated_at": round(time.time(), 3),
-        "elapsed_s": round(wall_s, 3),
-        "progress": round(progress, 4),
-        "eta_s": None if eta is None else round(max(eta, 0.0), 1),
-        "step": learner.step,
-        "tokens": learner.tokens,
-        "tokens_per_s": round(rate, 1),
-        "train_loss": state["train_loss"],
-        "eval_loss": state["eval_loss"],
-        "eval_bpb": state["eval_bpb"],
-        "learners": [
-            {
-                "id": learner.index,
-                "state": "training" if run_state == "running" else run_state,
-                "step": learner.step,
-                "tokens": learner.tokens,
-                "tokens_per_s": round(rate, 1),
-                "loss": state["train_loss"],
-                "data_position": learner.stream.position,
-            }
-        ],
-    }
+    def _poll_all(self) -> None:
+        import ray
+
+        targets = {("learner", i): h for i, h in self.learners.items()} | {("syncer", 0): self.syncer}
+        for key, handle in targets.items():
+            if key not in self._polls:
+                self._polls[key] = handle.poll.remote()
+        ready, _ = ray.wait(list(self._polls.values()), num_returns=len(self._polls), timeout=0)
+        for key, ref in list(self._polls.items()):
+            if ref not in ready:
+                continue
+            del self._polls[key]
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self.failure = f"{key[0]} {key[1]} died: {exc}"
+                continue
+            if key[0] == "learner":
+                self._absorb_learner(key[1], result)
+            else:
+                self._absorb_syncer(result)
+
+    def _absorb_learner(self, index: int, result: dict[str, Any]) -> None:
+        for event in result["events"]:
+            self.rundir.event(**event) if "kind" in event else None
+        for metric in result["metrics"]:
+            self.rundir.metric(**metric)
+        self.learner_view[index] = result["snapshot"]
+        if result["error"]:
+            self.failure = f"learner {index} failed:\n{result['error']}"
+
+    def _absorb_syncer(self, result: dict[str, Any]) -> None:
+        for event in result["events"]:
+            self.rundir.event(**event)
+        self.syncer_view = result["status"]
+        if result["error"]:
+            self.failure = f"syncer failed:\n{result['error']}"
+
+    def _maybe_evaluate(self) -> None:
+        import ray
+
+        if not self.has_global_model:
+            return
+        if self._eval_ref is not None:
+            ready, _ = ray.wait([self._eval_ref], timeout=0)
+            if not ready:
+                return
+            self.eval_loss, self.eval_bpb = ray.get(self._eval_ref)
+            self._eval_ref = None
+            self.rundir.metric(
+                kind="eval",
+                step=round(self._eval_step, 1),
+                tokens=self._eval_tokens,
+                eval_loss=self.eval_loss,
+                eval_bpb=self.eval_bpb,
+            )
+        step = self._mean_step()
+        if step >= self._next_eval:
+            self._next_eval = (int(step) // self.recipe.eval.every_steps + 1) * self.recipe.eval.every_steps
+            self._eval_step, self._eval_tokens = step, self._tokens()
+            self._eval_ref = self.evaluator.evaluate.remote(self.syncer.global_params.remote())
+
+    # -- views -------------------------------------------------------------------------------
+
+    def wall_s(self) -> float:
+        return self.prior_wall_s + time.time() - self.started
+
+    def _mean_step(self) -> float:
+        steps = [v.get("step", 0) for v in self.learner_view.values()]
+        return sum(steps) / len(steps) if steps else 0.0
+
+    def _tokens(self) -> int:
+        return sum(v.get("tokens", 0) for v in self.learner_view.values())
+
+    def _snapshot(self, run_state: str) -> dict[str, Any]:
+        step, tokens, wall = self._mean_step(), self._tokens(), self.wall_s()
+        tokens_per_s = sum(v.get("tokens_per_s", 0.0) for v in self.learner_view.values())
+        now = time.monotonic()
+        self._rates = [r for r in self._rates if now - r[0] < 10.0] + [(now, tokens, step)]
+        t0, _, s0 = self._rates[0]
+        steps_per_s = (step - s0) / (now - t0) if now > t0 else 0.0
+        ages = self.syncer_view.get("last_push_age_s", {})
+        learners = []
+        for i, v in sorted(self.learner_view.items()):
+            state = v.get("state", "starting")
+            learners.append(
+                {
+                    **v,
+                    "state": run_state if run_state != "running" and state != "failed" else state,
+                    "last_push_age_s": ages.get(str(i)),
+                }
+            )
+        losses = [v["loss"] for v in learners if v.get("loss") is not None]
+        return {
+            "run": self.recipe.run.name,
+            "run_dir": str(self.rundir.path),
+            "algorithm": self.recipe.algorithm,
+            "state": run_state,
+            "updated_at": round(time.time(), 3),
+            "elapsed_s": round(wall, 3),
+            "progress": round(self.budget.progress(step, tokens, wall), 4),
+            "eta_s": _round(self.budget.eta_s(step, tokens, wall, tokens_per_s, steps_per_s)),
+            "step": round(step, 1),
+            "tokens": tokens,
+            "tokens_per_s": round(tokens_per_s, 1),
+            "train_loss": sum(losses) / len(losses) if losses else None,
+            "eval_loss": self.eval_loss,
+            "eval_bpb": self.eval_bpb,
+            "eval_loss_initial": self.eval_initial,
+            "learners": learners,
+            "syncer": self.syncer_view,
+        }
+
+    def _summary(self, status: str) -> dict[str, Any]:
+        sync = self.syncer_view
+        wall = self.wall_s()
+        tokens = self._tokens()
+        return {
+            "status": status,
+            "run": self.recipe.run.name,
+            "run_dir": str(self.rundir.path),
+            "algorithm": self.recipe.algorithm,
+            "wall_s": round(wall, 3),
+            "steps": round(self._mean_step(), 1),
+            "tokens_total": tokens,
+            "tokens_per_s": round(tokens / (time.time() - self.started), 1),
+            "eval_loss_initial": self.eval_initial,
+            "eval_loss_final": self.eval_loss,
+            "eval_bpb_final": self.eval_bpb,
+            "learners": [
+                {k: v.get(k) for k in _LEARNER_SUMMARY_KEYS}
+                | {"contributed": sync.get("contributed", {}).get(str(i), 0)}
+                for i, v in sorted(self.learner_view.items())
+            ],
+            "rounds": sync.get("rounds_closed", 0),
+            "versions": sync.get("versions", []),
+            "mean_contributors": sync.get("mean_contributors", 0.0),
+            "bytes_up": sync.get("bytes_up", 0),
+            "bytes_down": sync.get("bytes_down", 0),
+            "pushes_accepted": sync.get("pushes_accepted", 0),
+            "pushes_rejected": sync.get("rejections", {}),
+            "error": self.failure,
+        }
 
 
-def _pid() -> int:
-    import os
+_LEARNER_SUMMARY_KEYS = (
+    "id",
+    "step",
+    "tokens",
+    "data_position",
+    "pushes",
+    "adopted",
+    "bytes_sent",
+    "steady_tokens_per_s",
+)
 
-    return os.getpid()
+
+def _learner_cpus(recipe: Recipe, index: int) -> float:
+    for o in recipe.learners.overrides:
+        if o.index == index and o.num_cpus is not None:
+            return o.num_cpus
+    return recipe.learners.num_cpus
+
+
+def _bpb(loss: float) -> float:
+    import math
+
+    return loss / math.log(2)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _read_json(path: Any) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}

@@ -1,5 +1,6 @@
 """End to end on the real CLI: tiny trains, a run directory resumes, damage is reported."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from tests.conftest import REPO, TINY, run_cli
 from tests.test_cli import assert_user_error
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -41,6 +42,7 @@ def test_tiny_trains_and_loss_falls(tmp_path):
 
 
 def start_train(*args: str) -> subprocess.Popen[str]:
+    """`dlc train ARGS` in its own session, so `kill_tree` can take Ray's processes with it."""
     return subprocess.Popen(
         [sys.executable, "-m", "dlc.cli", "train", *args],
         cwd=REPO,
@@ -48,7 +50,15 @@ def start_train(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
     )
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the driver's whole process group (Ray's helpers included), if anything is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
@@ -71,9 +81,9 @@ def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):
     try:
         wait_for_step(run_dir, 60, proc)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=120)
     finally:
-        proc.kill()
+        kill_tree(proc)
     assert proc.returncode == 130, stderr
     assert "resume with: dlc train" in stderr
     first = json.loads((run_dir / "summary.json").read_text())

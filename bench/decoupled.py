@@ -1,0 +1,102 @@
+"""Decoupled DiLoCo against its baselines, side by side in one invocation, on the real CLI.
+
+    python bench/decoupled.py [--steps 300] [--repeats 2] [--recipe recipes/tiny.yaml]
+
+Measures, with M learners sharing the machine:
+  1. learner throughput with the syncer vs the same learners with no synchronisation
+     (`algorithm=none`), runs alternated A/B to spread drift, as a ratio of steady-state
+     per-learner tokens/s (compile time excluded);
+  2. bytes a learner sends per inner step vs one fp32 gradient of the model;
+  3. final global eval bits per byte of M learners vs one learner at the same total tokens.
+Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train(recipe: str, run_dir: Path, *overrides: str) -> dict:
+    cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, f"run.dir={run_dir}", *overrides]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default="recipes/tiny.yaml")
+    ap.add_argument("--learners", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=300, help="inner steps per learner")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
+    args = ap.parse_args()
+    M, S = args.learners, args.steps
+    common = [f"learners.count={M}", f"run.max_steps={S}", f"eval.every_steps={10 * S}"]
+    rates: dict[str, list[float]] = {"decoupled": [], "none": []}
+    decoupled: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for algorithm in ("none", "decoupled") if rep % 2 == 0 else ("decoupled", "none"):
+                summary = train(args.recipe, Path(tmp) / f"{algorithm}-{rep}", *common, f"algorithm={algorithm}")
+                rates[algorithm].append(statistics.mean(x["steady_tokens_per_s"] for x in summary["learners"]))
+                if algorithm == "decoupled":
+                    decoupled.append(summary)
+                print(f"{algorithm} run {rep}: {rates[algorithm][-1]:.0f} tok/s per learner", file=sys.stderr)
+        single = train(
+            args.recipe,
+            Path(tmp) / "single",
+            "learners.count=1",
+            f"run.max_steps={M * S}",
+            f"eval.every_steps={10 * M * S}",
+        )
+
+    from dlc.model import build_model, count_params
+    from dlc.recipe import load_recipe
+
+    params = count_params(build_model(load_recipe(args.recipe).model, 0)[1])
+    first = decoupled[0]
+    bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
+    ratio = statistics.mean(rates["decoupled"]) / statistics.mean(rates["none"])
+    spread = [d / n for d, n in zip(rates["decoupled"], rates["none"], strict=True)]
+    bpb_m = statistics.mean(x["eval_bpb_final"] for x in decoupled)
+    lines = [
+        f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"`python bench/decoupled.py --recipe {args.recipe} --learners {M} --steps {S} --repeats {args.repeats}`"
+        f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), "
+        f"{params:,} parameters.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| learner tokens/s with syncer / without (`algorithm=none`), {M} learners each | "
+        f"**{ratio:.3f}** (per repeat: {', '.join(f'{r:.3f}' for r in spread)}; "
+        f"{statistics.mean(rates['decoupled']):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |",
+        f"| bytes sent per learner step / one fp32 gradient ({4 * params:,} B) | "
+        f"**1/{4 * params / bytes_per_step:.0f}** ({bytes_per_step:,.0f} B per step) |",
+        f"| final eval bits/byte, {M} learners x {S} steps | {bpb_m:.3f} |",
+        f"| final eval bits/byte, 1 learner x {M * S} steps (same tokens) | {single['eval_bpb_final']:.3f} |",
+        f"| mean contributors per round | {statistics.mean(x['mean_contributors'] for x in decoupled):.2f} |",
+        f"| rejected pushes | {[x['pushes_rejected'] for x in decoupled]} |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    with open(args.results, "a") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The registry of training algorithms, chosen once from `recipe.algorithm`.
+
+An algorithm supplies the learner's side of synchronisation (called after every inner step)
+and the syncer; the loops in `engine` never ask which algorithm they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from dlc.fragments import FragmentPlan, shapes_of
+from dlc.recipe import Recipe
+
+if TYPE_CHECKING:  # the driver consults the registry without importing JAX
+    from dlc.learner import Learner
+    from dlc.transport import Transport
+
+
+class LearnerSync(Protocol):
+    pushes: int
+    adopted: int
+
+    def after_step(self) -> list[dict[str, Any]]: ...
+    def receive(self, message: Any) -> None: ...
+    def push_outstanding(self) -> int: ...
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None: ...
+    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    learner_sync: Callable[[Recipe, Learner, Transport, Any], LearnerSync]
+    syncer: Callable[[Recipe, dict[str, np.ndarray], Callable[..., int], Callable[[], float]], Any]
+    global_model: bool = True  # False: there is nothing global to evaluate
+
+
+class NoSync:
+    """Learner side of `none`: never sends anything."""
+
+    pushes = 0
+    adopted = 0
+
+    def __init__(self, *args: Any) -> None:
+        pass
+
+    def after_step(self) -> list[dict[str, Any]]:
+        return []
+
+    def receive(self, message: Any) -> None:
+        raise AssertionError("algorithm none delivers no messages")
+
+    def push_outstanding(self) -> int:
+        return 0
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {}, {}
+
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        pass
+
+    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        pass
+
+
+def fragment_plan(recipe: Recipe, shapes: dict[str, tuple[int, ...]]) -> FragmentPlan:
+    return FragmentPlan.build(shapes, recipe.syncer.fragments)
+
+
+def _decoupled_learner(recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> LearnerSync:
+    from dlc.diloco import DecoupledLearnerSync
+    from dlc.model import flatten_params
+
+    plan = fragment_plan(recipe, shapes_of(flatten_params(learner.params)))
+    return DecoupledLearnerSync(recipe, learner, plan, transport, syncer.push)
+
+
+def _decoupled_syncer(
+    recipe: Recipe, initial: dict[str, np.ndarray], deliver: Callable[..., int], clock: Callable[[], float]
+) -> Any:
+    from dlc.syncer import Syncer
+
+    return Syncer(recipe, fragment_plan(recipe, shapes_of(initial)), initial, deliver, clock)
+
+
+def _null_syncer(
+    recipe: Recipe, initial: dict[str, np.ndarray], deliver: Callable[..., int], clock: Callable[[], float]
+) -> Any:
+    from dlc.syncer import Syncer
+
+    # One fragment, never pushed to: versions stay 0 and no round ever closes.
+    return Syncer(recipe, FragmentPlan.build(shapes_of(initial), 1), initial, deliver, clock)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "decoupled": Algorithm("decoupled", _decoupled_learner, _decoupled_syncer),
+    # Independent learners, no synchronisation: the baseline for overhead measurements.
+    "none": Algorithm("none", NoSync, _null_syncer, global_model=False),
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    return ALGORITHMS[name]

@@ -1,0 +1,331 @@
+"""Processes of a run on Ray: the embedded cluster, learner, syncer and evaluator actors.
+
+Each learner is its own Ray actor process with its own JAX runtime. Its training loop runs in
+a thread of the actor, so the actor's methods (deliveries of merged fragments, polls from the
+driver) are served while it trains. The syncer actor orders pushes in one concurrency group and
+closes rounds from a ticking thread. The driver only talks to actors with timeouts, because a
+frozen (SIGSTOPped) process never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single-node init on 127.0.0.1
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from dlc.checkpoint import Checkpointer  # noqa: E402
+from dlc.errors import UserError  # noqa: E402
+from dlc.recipe import ClusterConfig, Recipe  # noqa: E402
+
+POLL_TIMEOUT_S = 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster
+
+
+def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:
+    """Join `cfg.address`, or start an embedded single-node cluster on loopback."""
+    common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
+    if cfg.address:
+        try:
+            ray.init(address=cfg.address, **common)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UserError(f"cannot join the Ray cluster at cluster.address={cfg.address!r}: {exc}") from None
+        available = ray.cluster_resources().get("CPU", 0.0)
+        if available < cpus_needed:
+            ray.shutdown()
+            raise UserError(
+                f"the Ray cluster at {cfg.address} has {available:g} CPUs, the recipe reserves {cpus_needed:g}: "
+                "lower learners.num_cpus / syncer.num_cpus or add nodes"
+            )
+    else:
+        # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.
+        num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), cpus_needed)
+        ray.init(num_cpus=int(np.ceil(num_cpus)), _node_ip_address="127.0.0.1", **common)
+    return {"address": cfg.address or "embedded", "nodes": [n["NodeManagerAddress"] for n in ray.nodes()]}
+
+
+def stop_cluster() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def learner_checkpoint_dir(run_dir: Path, index: int) -> Path:
+    return run_dir / "checkpoints" / f"learner-{index}"
+
+
+def syncer_checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "syncer"
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+
+
+class LearnerWorker:
+    """Lives in a learner actor: one Learner, its sync protocol, its loop thread."""
+
+    def __init__(self, recipe_json: dict[str, Any], index: int, stream: np.ndarray, run_dir: str, syncer: Any) -> None:
+        from dlc.algorithms import get_algorithm
+        from dlc.learner import Learner
+        from dlc.transport import Transport
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        self.index = index
+        self.syncer = syncer
+        self.learner = Learner(self.recipe, index, stream)
+        self.transport = Transport()
+        self.algorithm = get_algorithm(self.recipe.algorithm)
+        self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
+        self.checkpointer = Checkpointer(learner_checkpoint_dir(Path(run_dir), index), self.recipe.checkpoint.keep)
+        self.lock = threading.Lock()
+        self.events: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, Any]] = []
+        self.state = "starting"
+        self.loss: float | None = None
+        self.rate = 0.0
+        self.steady = 0.0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._heart: threading.Thread | None = None
+
+    def restore(self) -> dict[str, Any]:
+        """Load this learner's checkpoint, if any; returns its step and data position."""
+        if self.checkpointer.latest_step() is not None:
+            tree, meta = self.checkpointer.restore(self.checkpoint_tree())
+            self.learner.load_state(tree["learner"], meta)
+            self.sync.load(tree["sync"], meta["sync"])
+        return {"step": self.learner.step, "data_position": self.learner.stream.position}
+
+    def checkpoint_tree(self) -> dict[str, Any]:
+        return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}
+
+    def save(self) -> None:
+        self.learner.flush()
+        meta = {**self.learner.state_meta(), "sync": self.sync.state()[1]}
+        self.checkpointer.save(self.learner.step, self.checkpoint_tree(), meta)
+
+    def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
+        if global_fragments is not None and versions is not None:
+            self.sync.rebase_on_global(global_fragments, versions)
+        self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
+        self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+        self._thread.start()
+        self._heart.start()
+        return os.getpid()
+
+    def _heartbeats(self) -> None:
+        interval = self.recipe.syncer.heartbeat_interval_s
+        while not self._stop.wait(interval):
+            self.syncer.heartbeat.remote(self.index)
+
+    def _loop(self) -> None:
+        recipe, learner = self.recipe, self.learner
+        max_steps = recipe.run.max_steps
+        window: list[tuple[float, int]] = []
+        first: tuple[float, int] | None = None
+        try:
+            self.state = "training"
+            while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
+                record = learner.train_step()
+                events = self.sync.after_step()
+                if learner.step % recipe.checkpoint.every_steps == 0:
+                    self.save()
+                    events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
+                now = time.monotonic()
+                first = first or (now, learner.tokens)  # after the first step: compile time excluded
+                self.steady = (learner.tokens - first[1]) / (now - first[0]) if now > first[0] else 0.0
+                window.append((now, learner.tokens))
+                while len(window) > 2 and now - window[0][0] > 5.0:
+                    window.pop(0)
+                rate = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]) if len(window) > 1 else 0.0
+                with self.lock:
+                    self.events.extend(events)
+                    self.rate = rate
+                    if record is not None:
+                        self.loss = record.loss
+                        if record.step % recipe.run.log_every_steps == 0:
+                            self.metrics.append(
+                                {
+                                    "kind": "train",
+                                    "learner": self.index,
+                                    "step": record.step,
+                                    "tokens": record.tokens,
+                                    "loss": record.loss,
+                                    "grad_norm": record.grad_norm,
+                                    "tokens_per_s": round(rate, 1),
+                                }
+                            )
+            learner.flush()
+            self.state = "finished"
+        except Exception:  # reported to the driver, which fails the run with this text
+            self.error = traceback.format_exc()
+            self.state = "failed"
+
+    def poll(self) -> dict[str, Any]:
+        with self.lock:
+            events, self.events = self.events, []
+            metrics, self.metrics = self.metrics, []
+            return {"snapshot": self.snapshot(), "events": events, "metrics": metrics, "error": self.error}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "id": self.index,
+            "state": self.state,
+            "step": self.learner.step,
+            "tokens": self.learner.tokens,
+            "tokens_per_s": round(self.rate, 1),
+            "steady_tokens_per_s": round(self.steady, 1),
+            "loss": self.loss,
+            "data_position": self.learner.stream.position,
+            "pushes": self.sync.pushes,
+            "adopted": self.sync.adopted,
+            "bytes_sent": self.transport.bytes_sent,
+            "pid": os.getpid(),
+        }
+
+    def deliver(self, message: Any) -> None:
+        self.sync.receive(message)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the loop, send the progress not yet pushed, checkpoint; returns a final poll."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.state != "failed":
+            pushed = self.sync.push_outstanding()
+            with self.lock:
+                self.events.append({"kind": "final_push", "learner": self.index, "fragments": pushed})
+            self.save()
+            self.state = "stopped"
+        return self.poll()
+
+
+# ---------------------------------------------------------------------------------------------
+# Syncer
+
+
+class SyncerWorker:
+    """Lives in the syncer actor: a Syncer behind a lock, a ticking thread, checkpoints."""
+
+    def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
+        from dlc.algorithms import get_algorithm
+        from dlc.model import build_model, flatten_params
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        _, params = build_model(self.recipe.model, self.recipe.run.seed)
+        self.shapes = flatten_params(params)
+        self.learners: dict[int, Any] = {}
+        from dlc.transport import Transport
+
+        self.transport = Transport()
+        self.algorithm = get_algorithm(self.recipe.algorithm)
+        self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
+        self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_save = time.monotonic()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
+
+    def _deliver(self, learner: int, message: Any) -> int:
+        handle = self.learners.get(learner)
+        return self.transport.send(handle.deliver, message) if handle is not None else 0
+
+    def restore(self) -> dict[str, Any] | None:
+        if self.checkpointer.latest_step() is None:
+            return None
+        tree, meta = self.checkpointer.restore(self.syncer.state()[0])
+        if meta.get("plan") != self.syncer.plan.fingerprint():
+            raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
+        self.syncer.load(tree, meta)
+        return {"versions": meta["versions"], "rounds_closed": meta["rounds_closed"]}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def register(self, index: int, handle: Any) -> None:
+        with self.lock:
+            self.learners[index] = handle
+            self.syncer.join(index)
+
+    @ray.method(concurrency_group="pushes")  # one thread: pushes from a learner stay in order
+    def push(self, push: Any) -> None:
+        with self.lock:
+            self.syncer.push(push)
+            self.syncer.tick()
+
+    def heartbeat(self, index: int) -> None:
+        with self.lock:
+            self.syncer.heartbeat(index)
+
+    def _tick_loop(self) -> None:
+        try:
+            while not self._stop.wait(0.005):
+                with self.lock:
+                    self.syncer.tick()
+                if time.monotonic() - self._last_save >= self.recipe.syncer.checkpoint_interval_s:
+                    self.save()
+        except Exception:
+            self.error = traceback.format_exc()
+
+    def save(self) -> None:
+        with self.lock:
+            tree, meta = self.syncer.state()
+            tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
+            step = self.syncer.rounds_closed
+        self.checkpointer.save(step, tree, meta)
+        self._last_save = time.monotonic()
+
+    def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
+        with self.lock:
+            return [t.copy() for t in self.syncer.theta], list(self.syncer.book.versions)
+
+    def global_params(self) -> dict[str, np.ndarray]:
+        with self.lock:
+            return self.syncer.global_params(self.shapes)
+
+    def poll(self) -> dict[str, Any]:
+        with self.lock:
+            return {"status": self.syncer.status(), "events": self.syncer.drain_events(), "error": self.error}
+
+    def finish(self) -> dict[str, Any]:
+        """End of run: close every round holding a push, stop ticking, checkpoint."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self.lock:
+            self.syncer.flush()
+        self.save()
+        return self.poll()
+
+
+class EvaluatorWorker:
+    """Lives in the evaluator actor: evaluates global parameter snapshots off the critical path."""
+
+    def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
+        from dlc.evaluate import Evaluator
+        from dlc.model import build_model, unflatten_params
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
+        self._unflatten = unflatten_params
+        self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)
+
+    def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
+        return self.evaluator(self._unflatten(flat, self.like))
+
+
+LearnerActor = ray.remote(max_concurrency=4)(LearnerWorker)
+SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)
+EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)

@@ -1,0 +1,216 @@
+"""The syncer: holds the global fragments, runs rounds, merges, steps, sends back.
+
+Not thread-safe and free of Ray: the engine's actor wraps it with a lock and a ticking thread,
+tests drive it with a fake clock. Every decision is reported as an event for the run log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dlc.codec import get_codec
+from dlc.fragments import FragmentPlan
+from dlc.outer import OuterNesterov, merge_deltas, merge_weights
+from dlc.recipe import Recipe
+from dlc.rounds import GraceWindow, Push, RoundBook, RoundResult
+from dlc.transport import MergedFragment
+
+# Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
+EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
+
+Deliver = Callable[[int, MergedFragment], int]  # (learner, message) -> bytes sent
+
+
+class Syncer:
+    def __init__(
+        self,
+        recipe: Recipe,
+        plan: FragmentPlan,
+        initial: dict[str, np.ndarray],
+        deliver: Deliver,
+        clock: Callable[[], float],
+    ) -> None:
+        cfg = recipe.syncer
+        self.cfg = cfg
+        self.plan = plan
+        self.deliver = deliver
+        self.clock = clock
+        self.down_codec = get_codec(cfg.down_codec)
+        self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
+        self.momentum = [np.zeros_like(t) for t in self.theta]
+        self.outer = OuterNesterov(cfg.outer_lr, cfg.outer_momentum)
+        self.book = self._new_book([0] * plan.num_fragments)
+        self.heartbeats: dict[int, float] = {}
+        self.members: set[int] = set()
+        self.rounds_closed = 0
+        self.contributions = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.accepted = 0
+        self.contributed: Counter[int] = Counter()
+        self.last_push_at: dict[int, float] = {}
+        self.events: list[dict[str, Any]] = []
+
+    def _new_book(self, versions: list[int]) -> RoundBook:
+        cfg = self.cfg
+        return RoundBook(
+            [self.plan.size(p) for p in range(self.plan.num_fragments)],
+            cfg.codec,
+            quorum=cfg.quorum,
+            max_staleness=cfg.max_staleness,
+            grace=GraceWindow(gamma=cfg.grace_gamma, tau=max(cfg.overlap_steps, 1)),
+            clock=self.clock,
+            versions=versions,
+        )
+
+    # -- membership and health ----------------------------------------------------------------
+
+    def join(self, learner: int) -> None:
+        self.members.add(learner)
+        self.heartbeats[learner] = self.clock()
+
+    def leave(self, learner: int) -> None:
+        self.members.discard(learner)
+
+    def heartbeat(self, learner: int) -> None:
+        self.heartbeats[learner] = self.clock()
+
+    def healthy(self) -> set[int]:
+        now = self.clock()
+        return {m for m in self.members if now - self.heartbeats.get(m, -1e18) <= self.cfg.heartbeat_timeout_s}
+
+    # -- rounds --------------------------------------------------------------------------------
+
+    def push(self, push: Push) -> None:
+        self.bytes_up += push.payload.nbytes
+        self.last_push_at[push.learner] = self.clock()
+        verdict = self.book.submit(push)
+        common = {
+            "learner": push.learner,
+            "fragment": push.fragment,
+            "seq": push.seq,
+            "base_version": push.base_version,
+            "version": self.book.version(push.fragment),
+        }
+        if verdict.accepted:
+            self.accepted += 1
+            self.events.append(
+                {
+                    "kind": "push_accepted",
+                    **common,
+                    "bytes": push.payload.nbytes,
+                    "queued": verdict.queued,
+                    "superseded": verdict.superseded,
+                }
+            )
+        else:
+            self.events.append(
+                {"kind": "push_rejected", **common, "reason": str(verdict.reason), "detail": verdict.detail}
+            )
+
+    def tick(self) -> int:
+        """Close every round that may close now; returns how many closed."""
+        healthy = self.healthy()
+        ready = self.book.closable(healthy)
+        for p in ready:
+            self._close(p, healthy)
+        return len(ready)
+
+    def flush(self) -> int:
+        """Close every round holding a push, quorum or not (end of run)."""
+        pending = [p for p in range(self.plan.num_fragments) if self.book.pending(p)]
+        for p in pending:
+            self._close(p, self.healthy())
+        return len(pending)
+
+    def _close(self, p: int, healthy: set[int]) -> RoundResult:
+        result = self.book.close(p, healthy)
+        weights = merge_weights(result.tokens, result.steps, self.cfg.weighting)
+        merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
+        self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
+        message = MergedFragment(p, result.version, self.down_codec.encode(self.theta[p]), self.clock())
+        for learner in sorted(self.members):
+            self.bytes_down += self.deliver(learner, message)
+        self.book.mark_sent(p)
+        self.rounds_closed += 1
+        self.contributions += len(result.learners)
+        self.contributed.update(result.learners)
+        self.events.append(
+            {
+                "kind": "round_closed",
+                "fragment": p,
+                "version": result.version,
+                "contributors": list(result.learners),
+                "weights": [round(float(w), 4) for w in weights],
+                "staleness": list(result.staleness),
+                "grace_s": round(result.grace_window_s, 4),
+                "waited_s": round(result.waited_s, 4),
+                "tokens": list(result.tokens),
+                "expired": list(result.expired),
+            }
+        )
+        return result
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The global model as a flat dict (shapes from `like`)."""
+        params = {name: np.empty_like(value, dtype=np.float32) for name, value in like.items()}
+        for p in range(self.plan.num_fragments):
+            self.plan.scatter(params, p, self.theta[p])
+        return params
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "versions": list(self.book.versions),
+            "quorum": self.cfg.quorum,
+            "healthy": sorted(self.healthy()),
+            "grace_window_s": round(self.book.grace.window_s(), 4),
+            "rounds_closed": self.rounds_closed,
+            "mean_contributors": round(self.contributions / self.rounds_closed, 3) if self.rounds_closed else 0.0,
+            "pushes_accepted": self.accepted,
+            "rejections": {str(k): v for k, v in self.book.rejections.items()},
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "contributed": {str(k): v for k, v in sorted(self.contributed.items())},
+            "last_push_age_s": {str(k): round(now - t, 3) for k, t in self.last_push_at.items()},
+        }
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    # -- checkpoint state ----------------------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tree = {
+            "theta": {str(p): t for p, t in enumerate(self.theta)},
+            "momentum": {str(p): m for p, m in enumerate(self.momentum)},
+        }
+        meta = {
+            "versions": list(self.book.versions),
+            "rounds_closed": self.rounds_closed,
+            "contributions": self.contributions,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "accepted": self.accepted,
+            "rejections": {str(k): v for k, v in self.book.rejections.items()},
+            "contributed": {str(k): v for k, v in self.contributed.items()},
+            "plan": self.plan.fingerprint(),
+        }
+        return tree, meta
+
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        P = self.plan.num_fragments
+        self.theta = [np.asarray(tree["theta"][str(p)], dtype=np.float32) for p in range(P)]
+        self.momentum = [np.asarray(tree["momentum"][str(p)], dtype=np.float32) for p in range(P)]
+        self.book = self._new_book(list(meta["versions"]))
+        self.book.rejections.update({k: v for k, v in meta["rejections"].items()})
+        self.rounds_closed, self.contributions = meta["rounds_closed"], meta["contributions"]
+        self.bytes_up, self.bytes_down, self.accepted = meta["bytes_up"], meta["bytes_down"], meta["accepted"]
+        self.contributed = Counter({int(k): v for k, v in meta["contributed"].items()})

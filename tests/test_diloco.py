@@ -1,0 +1,98 @@
+"""The learner's protocol, driven by the in-process twin of the engine (no Ray, fake clock)."""
+
+import numpy as np
+import pytest
+
+from dlc.codec import get_codec
+from dlc.data import load_corpus, split_corpus
+from dlc.diloco import SentRecord
+from dlc.inprocess import InProcessRun
+from dlc.recipe import Recipe
+from dlc.transport import MergedFragment
+
+
+def small_recipe(learners=2, **syncer) -> Recipe:
+    return Recipe.model_validate(
+        {
+            "run": {"max_steps": 40, "seed": 0},
+            "model": {"width": 32, "num_layers": 1, "num_heads": 2, "context_len": 32},
+            "data": {"max_corpus_bytes": 300_000, "block_bytes": 1024},
+            "learners": {"count": learners, "batch_size": 8, "seq_len": 32},
+            "inner": {"lr": 3e-3, "warmup_steps": 5},
+            "syncer": {"fragments": 4, "sync_interval_steps": 4, "overlap_steps": 1, **syncer},
+            "eval": {"batches": 2, "batch_size": 8},
+        }
+    )
+
+
+def make_run(recipe: Recipe) -> InProcessRun:
+    split = split_corpus(load_corpus(recipe.data), recipe.data, recipe.learners.count, 0, 2048)
+    return InProcessRun(recipe, split)
+
+
+def test_two_learners_contribute_merge_and_learn():
+    run = make_run(small_recipe(learners=2, outer_lr=1.0, outer_momentum=0.0))
+    initial = run.global_eval()
+    for _ in range(40):
+        run.step_all()
+    run.finish()
+    status = run.syncer.status()
+    # 40 steps, H=4, P=4: fragment p is due at steps p+1, p+5, ...: 10 pushes each = 40;
+    # fragments 0..2 last went at steps 37..39, so finish() sends their 3 leftovers: 43.
+    assert [s.pushes for s in run.syncs] == [43, 43]
+    assert status["pushes_accepted"] == 86 and status["rejections"] == {}
+    assert status["contributed"]["0"] > 0 and status["contributed"]["1"] > 0
+    assert status["mean_contributors"] > 1.0  # rounds merged both learners
+    assert run.global_eval() < initial - 0.5
+
+
+def test_bytes_per_push_match_the_codec():
+    run = make_run(small_recipe(learners=2, codec="int4", codec_block_values=64))
+    for _ in range(8):
+        run.step_all()
+    plan = run.syncs[0].plan
+    codec = get_codec("int4", 64)
+    # 8 steps, H=4, P=4: every fragment pushed twice per learner.
+    expected = 2 * sum(codec.encoded_nbytes(plan.size(p)) for p in range(4))
+    # By hand for one fragment of n values: ceil(n/2) payload bytes + 4 * ceil(n/64) scale bytes.
+    n = plan.size(0)
+    assert codec.encoded_nbytes(n) == -(-n // 2) + 4 * -(-n // 64)
+    assert [s.transport.bytes_sent for s in run.syncs] == [expected, expected]
+    assert run.syncer.bytes_up == 2 * expected
+
+
+@pytest.mark.parametrize("mode", ["replace", "mix", "rebase"])
+def test_adopt_modes_by_hand(mode):
+    run = make_run(small_recipe(learners=1, adopt=mode, mix_alpha=0.25))
+    sync = run.syncs[0]
+    p = 0
+    size = sync.plan.size(p)
+    s = np.full(size, 1.0, np.float32)  # theta[p] when sent
+    sync.scatter(p, s)
+    sync.sent[p] = SentRecord(step=sync.learner.step, theta=s.copy())
+    sync.scatter(p, s + 0.5)  # local progress d = 0.5 while the fragment was in flight
+    G = np.full(size, 3.0, np.float32)
+    sync.adopt(MergedFragment(p, 1, get_codec("none").encode(G), 0.0))
+    expected = {"replace": 3.0, "mix": 0.25 * 1.5 + 0.75 * 3.0, "rebase": 3.0 + 0.5}[mode]
+    np.testing.assert_allclose(sync.gather(p), expected, rtol=1e-6)
+    np.testing.assert_allclose(sync.anchors[p], 3.0)  # the anchor is the global value
+    assert sync.versions[p] == 1
+
+
+def test_merged_fragment_waits_tau_steps_after_its_push():
+    run = make_run(small_recipe(learners=1, overlap_steps=2, sync_interval_steps=4))
+    sync = run.syncs[0]
+    learner = sync.learner
+    for _ in range(4):  # step 4: fragment 3 is due (phase ceil(4*4/4) = 4)
+        learner.train_step()
+        sync.after_step()
+    assert 3 in sync.sent and sync.sent[3].step == 4
+    G = np.zeros(sync.plan.size(3), np.float32)
+    sync.receive(MergedFragment(3, 5, get_codec("none").encode(G), 0.0))
+    learner.train_step()
+    sync.after_step()  # step 5 < 4 + tau: still waiting
+    assert sync.versions[3] == 0 and 3 in sync.waiting
+    learner.train_step()
+    sync.after_step()  # step 6 = 4 + tau: adopted
+    assert sync.versions[3] == 5 and not sync.waiting
+    np.testing.assert_array_equal(sync.gather(3), G)

@@ -1,0 +1,113 @@
+"""The syncer under a fake clock: rounds, merge, outer step, delivery, counters, checkpoints."""
+
+import numpy as np
+import pytest
+
+from dlc.codec import get_codec
+from dlc.fragments import FragmentPlan
+from dlc.inprocess import FakeClock
+from dlc.recipe import Recipe
+from dlc.rounds import Push
+from dlc.syncer import Syncer
+
+SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
+
+
+def make(quorum=1, learners=2, **syncer):
+    recipe = Recipe.model_validate(
+        {
+            "learners": {"count": learners},
+            "syncer": {
+                "fragments": 2,
+                "sync_interval_steps": 4,
+                "overlap_steps": 1,
+                "quorum": quorum,
+                "codec": "none",
+                "outer_lr": 1.0,
+                "outer_momentum": 0.0,
+                **syncer,
+            },
+        }
+    )
+    plan = FragmentPlan.build(SHAPES, 2)
+    initial = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)}
+    delivered = []
+    clock = FakeClock()
+    syncer_ = Syncer(recipe, plan, initial, lambda m, msg: delivered.append((m, msg)) or msg.payload.nbytes, clock)
+    for m in range(learners):
+        syncer_.join(m)
+    return syncer_, plan, delivered, clock
+
+
+def push(learner, fragment, delta, seq, steps=4, tokens=400, base=0):
+    payload = get_codec("none").encode(np.asarray(delta, np.float32))
+    return Push(learner, fragment, base, steps, tokens, seq, payload, sent_at=0.0)
+
+
+def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
+    syncer, plan, delivered, clock = make(quorum=2, learners=3)
+    size = plan.size(0)
+    syncer.push(push(0, 0, np.ones(size), seq=0, tokens=400, steps=4))
+    assert syncer.tick() == 0  # 1 of K=2
+    syncer.push(push(1, 0, 3 * np.ones(size), seq=0, tokens=800, steps=4))
+    clock.now += 10.0  # past any grace window
+    assert syncer.tick() == 1
+    # tokens_per_step weights: 400^2/4 = 40000 and 800^2/4 = 160000 -> 0.2 and 0.8
+    # merged delta = 0.2 * 1 + 0.8 * 3 = 2.6; outer SGD lr 1, no momentum: theta = 0 - 2.6
+    np.testing.assert_allclose(syncer.theta[0], -2.6, rtol=1e-6)
+    assert [m for m, _ in delivered] == [0, 1, 2]  # every member, contributor or not
+    assert all(msg.version == 1 and msg.fragment == 0 for _, msg in delivered)
+    assert syncer.bytes_down == 3 * size * 4 and syncer.bytes_up == 2 * size * 4
+    assert syncer.contributed == {0: 1, 1: 1}
+    closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
+    assert closed[0]["contributors"] == [0, 1] and closed[0]["weights"] == [0.2, 0.8]
+
+
+def test_round_closes_early_when_every_healthy_learner_pushed():
+    syncer, plan, _, clock = make(quorum=1, learners=2, grace_gamma=1.0)
+    syncer.book.grace.observe_step(100.0)  # a long grace window: gamma * tau * 100 s
+    syncer.push(push(0, 1, np.ones(plan.size(1)), seq=0))
+    assert syncer.tick() == 0  # quorum met, waiting inside the grace window for learner 1
+    syncer.push(push(1, 1, np.ones(plan.size(1)), seq=0))
+    assert syncer.tick() == 1  # all healthy pushed: no need to wait out the window
+
+
+def test_silent_learner_is_not_waited_for():
+    syncer, plan, _, clock = make(quorum=2, learners=2, heartbeat_timeout_s=5.0)
+    syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
+    clock.now += 6.0
+    syncer.heartbeat(0)  # learner 1 has been silent for 6 s > 5 s: unhealthy
+    assert syncer.healthy() == {0}
+    assert syncer.tick() == 1  # quorum falls to the one healthy learner
+
+
+def test_rejections_are_counted_and_never_merged():
+    syncer, plan, _, _ = make()
+    size = plan.size(0)
+    syncer.push(push(0, 0, np.ones(size), seq=0))
+    syncer.push(push(0, 0, np.ones(size), seq=0))  # duplicate seq
+    syncer.push(push(1, 0, np.full(size, np.nan), seq=0))  # non-finite
+    syncer.push(push(1, 1, np.ones(size + 1), seq=1))  # wrong length
+    assert dict(syncer.book.rejections) == {"duplicate": 1, "nonfinite": 1, "malformed": 1}
+    syncer.tick()
+    np.testing.assert_allclose(syncer.theta[0], -1.0)
+
+
+def test_flush_closes_rounds_without_quorum_and_state_round_trips():
+    syncer, plan, _, _ = make(quorum=2)
+    syncer.push(push(0, 1, np.ones(plan.size(1)), seq=0))
+    assert syncer.tick() == 0 and syncer.flush() == 1
+    tree, meta = syncer.state()
+    other, _, _, _ = make(quorum=2)
+    other.load(tree, meta)
+    assert other.book.versions == (0, 1) and other.rounds_closed == 1
+    np.testing.assert_array_equal(other.theta[1], syncer.theta[1])
+    flat = other.global_params({"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)})
+    assert sum(int(np.count_nonzero(v)) for v in flat.values()) == plan.size(1)
+
+
+def test_recipe_rejects_impossible_syncer_settings():
+    with pytest.raises(ValueError, match="syncer.quorum=5 but only 4 learners"):
+        Recipe.model_validate({"learners": {"count": 4}, "syncer": {"quorum": 5}})
+    with pytest.raises(ValueError, match="tau < H"):
+        Recipe.model_validate({"syncer": {"overlap_steps": 24, "sync_interval_steps": 24}})

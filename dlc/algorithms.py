@@ -27,9 +27,13 @@ class LearnerSync(Protocol):
     def after_step(self) -> list[dict[str, Any]]: ...
     def receive(self, message: Any) -> None: ...
     def push_outstanding(self) -> int: ...
+    def unpushed_steps(self) -> float: ...
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None: ...
     def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+    def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+    def adopt_global(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+    def peer_view(self) -> tuple[list[np.ndarray], list[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class NoSync:
     def push_outstanding(self) -> int:
         return 0
 
+    def unpushed_steps(self) -> float:
+        return 0.0
+
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return {}, {}
 
@@ -66,6 +73,15 @@ class NoSync:
 
     def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         pass
+
+    def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        pass
+
+    def adopt_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        pass
+
+    def peer_view(self) -> tuple[list[np.ndarray], list[int]]:
+        return [], []
 
 
 def fragment_plan(recipe: Recipe, shapes: dict[str, tuple[int, ...]]) -> FragmentPlan:

@@ -61,12 +61,17 @@ def train(
         outcome = train_mod.run(loaded, fresh=fresh)
     except UserError as exc:
         fail(str(exc))
+    except KeyboardInterrupt:
+        typer.echo("interrupted while starting: nothing was trained", err=True)
+        raise typer.Exit(130) from None
     summary = outcome.summary
-    final = summary.get("eval_loss_final")
-    loss = f"; eval loss {summary['eval_loss_initial']:.3f} -> {final:.3f} ({summary['eval_bpb_final']:.3f} bits/byte)"
+    final, initial = summary.get("eval_loss_final"), summary.get("eval_loss_initial")
+    loss = ""
+    if final is not None and initial is not None:
+        loss = f"; eval loss {initial:.3f} -> {final:.3f} ({summary['eval_bpb_final']:.3f} bits/byte)"
     typer.echo(
-        f"{outcome.status}: {summary['tokens_total']:,} tokens in {summary['wall_s']:.1f} s"
-        f"{loss if final is not None else ''}; run dir {outcome.run_dir}",
+        f"{outcome.status}: {summary['tokens_total']:,} tokens in {summary['wall_s']:.1f} s{loss}; "
+        f"run dir {outcome.run_dir}",
         err=True,
     )
     if outcome.status == "interrupted":

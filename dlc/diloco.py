@@ -145,6 +145,10 @@ class DecoupledLearnerSync:
             "step": self.learner.step,
         }
 
+    def unpushed_steps(self) -> float:
+        """Steps of progress not yet sent, averaged over fragments (what a crash now would lose)."""
+        return sum(self.steps_since) / len(self.steps_since)
+
     def push_outstanding(self) -> int:
         """At the end of a run: push every fragment with progress not yet sent; returns how many."""
         due = [p for p in range(self.plan.num_fragments) if self.steps_since[p] > 0]
@@ -170,6 +174,25 @@ class DecoupledLearnerSync:
         self.steps_since = list(meta["steps_since"])
         self.tokens_since = list(meta["tokens_since"])
         self.seq = int(meta["seq"])
+
+    def peer_view(self) -> tuple[list[np.ndarray], list[int]]:
+        """This learner's current fragments and versions, for a peer that copies it."""
+        return [self.gather(p) for p in range(self.plan.num_fragments)], list(self.versions)
+
+    def adopt_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        """Take the global fragments as parameters and anchors (a learner with no peer to copy)."""
+        for p, fragment in enumerate(fragments):
+            self.scatter(p, np.asarray(fragment, dtype=np.float32))
+        self.rebase_on_global(fragments, versions)
+
+    def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        """After copying a peer's parameters: anchors are those parameters, at the peer's versions."""
+        self.anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
+        self.versions = list(versions)
+        self.steps_since = [0] * self.plan.num_fragments
+        self.tokens_since = [0] * self.plan.num_fragments
+        self.sent.clear()
+        self.waiting.clear()
 
     def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         """After a resume: anchors become the syncer's current global fragments.

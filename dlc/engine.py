@@ -25,7 +25,7 @@ from dlc.checkpoint import Checkpointer  # noqa: E402
 from dlc.errors import UserError  # noqa: E402
 from dlc.recipe import ClusterConfig, Recipe  # noqa: E402
 
-POLL_TIMEOUT_S = 2.0
+SEQ_STRIDE = 10**9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +74,15 @@ def syncer_checkpoint_dir(run_dir: Path) -> Path:
 class LearnerWorker:
     """Lives in a learner actor: one Learner, its sync protocol, its loop thread."""
 
-    def __init__(self, recipe_json: dict[str, Any], index: int, stream: np.ndarray, run_dir: str, syncer: Any) -> None:
+    def __init__(
+        self,
+        recipe_json: dict[str, Any],
+        index: int,
+        stream: np.ndarray,
+        run_dir: str,
+        syncer: Any,
+        incarnation: int = 0,
+    ) -> None:
         from dlc.algorithms import get_algorithm
         from dlc.learner import Learner
         from dlc.transport import Transport
@@ -86,6 +94,9 @@ class LearnerWorker:
         self.transport = Transport()
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
+        # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
+        # names one push for the whole run, also across syncer restarts.
+        self.sync.seq = incarnation * SEQ_STRIDE
         self.checkpointer = Checkpointer(learner_checkpoint_dir(Path(run_dir), index), self.recipe.checkpoint.keep)
         self.lock = threading.Lock()
         self.events: list[dict[str, Any]] = []
@@ -94,8 +105,11 @@ class LearnerWorker:
         self.loss: float | None = None
         self.rate = 0.0
         self.steady = 0.0
+        self.base_tokens = 0
         self.error: str | None = None
         self._stop = threading.Event()
+        self._export_requests: list[threading.Event] = []
+        self._slow: tuple[float, float] = (1.0, 0.0)
         self._thread: threading.Thread | None = None
         self._heart: threading.Thread | None = None
 
@@ -137,8 +151,11 @@ class LearnerWorker:
         try:
             self.state = "training"
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
+                started = time.monotonic()
                 record = learner.train_step()
                 events = self.sync.after_step()
+                self._serve_export()
+                self._apply_slow(time.monotonic() - started)
                 if learner.step % recipe.checkpoint.every_steps == 0:
                     self.save()
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
@@ -183,11 +200,13 @@ class LearnerWorker:
             "id": self.index,
             "state": self.state,
             "step": self.learner.step,
-            "tokens": self.learner.tokens,
+            "tokens": self.learner.tokens - self.base_tokens,
             "tokens_per_s": round(self.rate, 1),
             "steady_tokens_per_s": round(self.steady, 1),
             "loss": self.loss,
             "data_position": self.learner.stream.position,
+            "tokens_per_step": self.learner.tokens_per_step,
+            "unpushed_steps": self.sync.unpushed_steps(),
             "pushes": self.sync.pushes,
             "adopted": self.sync.adopted,
             "bytes_sent": self.transport.bytes_sent,
@@ -197,6 +216,90 @@ class LearnerWorker:
     def deliver(self, message: Any) -> None:
         self.sync.receive(message)
 
+    def ready(self) -> int:
+        """Answers once the actor is constructed; returns its pid."""
+        return os.getpid()
+
+    # -- serving a state copy to a rejoining peer, without pausing ----------------------------
+
+    def export_state(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Host copies of params, AdamW state, anchors, versions, step and data position.
+
+        Called from another thread: the training loop takes the copy at its next step
+        boundary (a device-to-host copy, milliseconds) and goes on training; serialising and
+        sending it to the new learner happen here, off the loop.
+        """
+        import jax
+
+        if self._thread is None or not self._thread.is_alive():  # not training: copy directly
+            return self._copy_state(jax)
+        request = threading.Event()
+        with self.lock:
+            self._export_requests.append(request)
+        if not request.wait(timeout_s):
+            raise TimeoutError(f"learner {self.index} did not reach a step boundary in {timeout_s} s")
+        return request.state  # type: ignore[attr-defined]
+
+    def _serve_export(self) -> None:
+        if not self._export_requests:
+            return
+        import jax
+
+        with self.lock:
+            requests, self._export_requests = self._export_requests, []
+        state = self._copy_state(jax)
+        for request in requests:
+            request.state = state  # type: ignore[attr-defined]
+            request.set()
+
+    def _copy_state(self, jax: Any) -> dict[str, Any]:
+        self.learner.flush()
+        fragments, versions = self.sync.peer_view()
+        return {
+            "from": self.index,
+            "tree": jax.device_get(self.learner.state_tree()),
+            "meta": self.learner.state_meta(),
+            "fragments": fragments,
+            "versions": versions,
+            "copied_at": time.time(),
+        }
+
+    def import_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Become a copy of a peer (before `start`): its params, AdamW state, step, data position.
+
+        The anchors become the copied parameters, not the peer's anchors: the peer will push
+        its own unsent progress itself, so this learner's first push must carry only what it
+        learns from now on.
+        """
+        self.learner.load_state(state["tree"], state["meta"])
+        self.base_tokens = self.learner.tokens  # the peer's tokens are the peer's, not this learner's
+        self.sync.adopt_peer(state["fragments"], state["versions"])
+        return {
+            "peer": state["from"],
+            "step": self.learner.step,
+            "data_position": self.learner.stream.position,
+            "copy_s": round(time.time() - state["copied_at"], 3),
+        }
+
+    def import_global(self, fragments: list[np.ndarray], versions: list[int]) -> dict[str, Any]:
+        """No healthy peer: start from the syncer's global fragments with fresh AdamW state."""
+        self.sync.adopt_global(fragments, versions)
+        return {"peer": None, "step": self.learner.step, "data_position": self.learner.stream.position}
+
+    # -- slow-downs ---------------------------------------------------------------------------
+
+    def set_slow(self, factor: float, seconds: float) -> None:
+        """Stretch every step to `factor` times its natural length for `seconds`."""
+        self._slow = (factor, time.monotonic() + seconds)
+
+    def _apply_slow(self, step_s: float) -> None:
+        factor, until = self._slow
+        if factor > 1.0 and time.monotonic() < until:
+            self.state = "slow"
+            time.sleep((factor - 1.0) * step_s)
+        elif self.state == "slow":
+            self.state = "training"
+
     def stop(self) -> dict[str, Any]:
         """Stop the loop, send the progress not yet pushed, checkpoint; returns a final poll."""
         self._stop.set()
@@ -204,6 +307,9 @@ class LearnerWorker:
             self._thread.join()
         if self.state != "failed":
             pushed = self.sync.push_outstanding()
+            # Pushes and this barrier share the syncer's one ordered concurrency group, so when
+            # it returns the syncer holds every push: the driver's finish() cannot overtake them.
+            ray.get(self.syncer.barrier.remote(), timeout=120)
             with self.lock:
                 self.events.append({"kind": "final_push", "learner": self.index, "fragments": pushed})
             self.save()
@@ -259,11 +365,27 @@ class SyncerWorker:
             self.learners[index] = handle
             self.syncer.join(index)
 
+    def rejoin(self, index: int, handle: Any) -> None:
+        """A restarted learner: a new incarnation of `index` whose seqs start again."""
+        with self.lock:
+            self.syncer.book.forget_learner(index)
+            self.learners[index] = handle
+            self.syncer.join(index)
+
+    def leave(self, index: int) -> None:
+        with self.lock:
+            self.learners.pop(index, None)
+            self.syncer.leave(index)
+
     @ray.method(concurrency_group="pushes")  # one thread: pushes from a learner stay in order
     def push(self, push: Any) -> None:
         with self.lock:
             self.syncer.push(push)
             self.syncer.tick()
+
+    @ray.method(concurrency_group="pushes")
+    def barrier(self) -> None:
+        """Returns after every push sent before it by the same caller has been handled."""
 
     def heartbeat(self, index: int) -> None:
         with self.lock:
@@ -297,7 +419,8 @@ class SyncerWorker:
 
     def poll(self) -> dict[str, Any]:
         with self.lock:
-            return {"status": self.syncer.status(), "events": self.syncer.drain_events(), "error": self.error}
+            status = {**self.syncer.status(), "pid": os.getpid()}
+            return {"status": status, "events": self.syncer.drain_events(), "error": self.error}
 
     def finish(self) -> dict[str, Any]:
         """End of run: close every round holding a push, stop ticking, checkpoint."""

@@ -159,8 +159,12 @@ class SyncerConfig(Section):
     merge: Literal["mean", "rda"] = Field(
         "mean", description="mean: weighted average of deltas; rda: radial-directional averaging per tensor."
     )
-    outer_lr: float = Field(0.7, gt=0, description="Outer Nesterov SGD learning rate.")
-    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Outer Nesterov momentum.")
+    outer_lr: float = Field(
+        1.0, gt=0, description="Outer Nesterov SGD learning rate (1.0 with momentum 0: the weighted average)."
+    )
+    outer_momentum: float = Field(
+        0.0, ge=0, lt=1, description="Outer Nesterov momentum (DiLoCo uses 0.9 with lr 0.7 at H=500)."
+    )
     adopt: Literal["replace", "mix", "rebase"] = Field(
         "replace",
         description="How a learner adopts a merged fragment: replace its values, mix them (mix_alpha), or "

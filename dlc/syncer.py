@@ -93,6 +93,7 @@ class Syncer:
             "learner": push.learner,
             "fragment": push.fragment,
             "seq": push.seq,
+            "steps": push.steps,
             "base_version": push.base_version,
             "version": self.book.version(push.fragment),
         }

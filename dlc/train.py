@@ -138,9 +138,14 @@ class Driver:
         cpus = sum(_learner_cpus(self.recipe, i) for i in range(learners.count)) + self.recipe.syncer.num_cpus
         cluster = engine.start_cluster(self.recipe.cluster, cpus)
         self.rundir.event("cluster_started", **cluster)
-        status, exit_code = "failed", 1
         try:
             self._launch(engine)
+        except BaseException as exc:
+            # Nothing has trained yet: leave the run directory's summary and status as they were.
+            engine.stop_cluster()
+            raise _user_error_inside(exc) from None
+        status, exit_code = "failed", 1
+        try:
             with StopRequest() as stop, self.view:
                 self._watch(stop)
                 status, exit_code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
@@ -397,6 +402,14 @@ _LEARNER_SUMMARY_KEYS = (
     "bytes_sent",
     "steady_tokens_per_s",
 )
+
+
+def _user_error_inside(exc: BaseException) -> BaseException:
+    """A UserError raised inside an actor reaches the driver wrapped by Ray: unwrap it."""
+    from dlc.errors import UserError
+
+    cause = getattr(exc, "cause", None)
+    return UserError(str(cause)) if isinstance(cause, UserError) else exc
 
 
 def _learner_cpus(recipe: Recipe, index: int) -> float:

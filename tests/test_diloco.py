@@ -96,3 +96,17 @@ def test_merged_fragment_waits_tau_steps_after_its_push():
     sync.after_step()  # step 6 = 4 + tau: adopted
     assert sync.versions[3] == 5 and not sync.waiting
     np.testing.assert_array_equal(sync.gather(3), G)
+
+
+def test_bandwidth_prediction_equals_bytes_sent():
+    from dlc.bandwidth import recipe_traffic
+
+    recipe = small_recipe(learners=2, sync_interval_steps=4)
+    predicted = recipe_traffic(recipe)
+    run = make_run(recipe)
+    for _ in range(8):  # two full periods of H = 4: every fragment sent exactly twice
+        run.step_all()
+    for sync in run.syncs:
+        assert sync.transport.bytes_sent / 8 == pytest.approx(predicted["up_bytes_per_step"])
+    # Down: one round per fragment per period, each delivered to both learners.
+    assert run.down.bytes_sent / 8 / 2 == pytest.approx(predicted["down_bytes_per_step"])

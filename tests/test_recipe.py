@@ -52,8 +52,8 @@ def test_bad_values_name_field_and_fix(overrides, message):
 def test_wall_time_only_needs_schedule_length():
     with pytest.raises(UserError, match="set inner.schedule_steps"):
         load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_wall_s=60"])
-    r = load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_tokens=10240"])
-    # 10240 tokens / (16 sequences * 64 bytes) = 10 steps
+    r = load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_tokens=40960"])
+    # 40960 tokens / (4 learners * 16 sequences * 64 bytes per step) = 10 steps per learner
     assert r.schedule_steps() == 10
 
 

@@ -111,3 +111,21 @@ def test_recipe_rejects_impossible_syncer_settings():
         Recipe.model_validate({"learners": {"count": 4}, "syncer": {"quorum": 5}})
     with pytest.raises(ValueError, match="tau < H"):
         Recipe.model_validate({"syncer": {"overlap_steps": 24, "sync_interval_steps": 24}})
+
+
+def test_slow_learner_inside_the_grace_window_is_included_beyond_it_is_not():
+    # gamma 0.5, tau 1 (overlap_steps), step time 2 s, nothing else observed: window 0.5 * 1 * 2 = 1 s.
+    syncer, plan, _, clock = make(quorum=1, learners=3)
+    syncer.book.grace.observe_step(2.0)
+    size = plan.size(0)
+    syncer.push(push(0, 0, np.ones(size), seq=0))  # quorum reached at t = 0
+    clock.now = 0.6
+    syncer.push(push(1, 0, np.ones(size), seq=0))  # inside the window: joins this round
+    assert syncer.tick() == 0  # learner 2 is healthy and has not pushed: wait out the window
+    clock.now = 1.01
+    assert syncer.tick() == 1
+    clock.now = 1.5
+    syncer.push(push(2, 0, np.ones(size), seq=0))  # the straggler, beyond the window
+    closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
+    assert closed[0]["contributors"] == [0, 1]
+    assert syncer.book.pending(0) == {2}  # it makes the next round of fragment 0

@@ -46,6 +46,14 @@ def train(
         str | None,
         typer.Option("--address", help="Join this Ray cluster (same as cluster.address=...).", show_default=False),
     ] = None,
+    chaos: Annotated[
+        str | None,
+        typer.Option(
+            "--chaos",
+            help="Run a chaos plan alongside: a YAML file or a shipped plan (kill_storm, ...).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Train a model from a recipe. Resumes when run.dir holds a checkpoint (unless --fresh)."""
     from dlc.recipe import load_recipe
@@ -53,12 +61,18 @@ def train(
     try:
         extra = [f"cluster.address={address}"] if address else []
         loaded = load_recipe(recipe, [*(overrides or []), *extra])
+        plan = None
+        if chaos is not None:
+            from chaos.plan import load_plan, resolve_plan_path
+
+            plan = load_plan(resolve_plan_path(chaos))
+            plan.check_learners(range(loaded.learners.count))
         from dlc.runtime import limit_xla_threads
 
         limit_xla_threads(loaded.learners.xla_cpu_threads)
         from dlc import train as train_mod
 
-        outcome = train_mod.run(loaded, fresh=fresh)
+        outcome = train_mod.run(loaded, fresh=fresh, chaos_plan=plan)
     except UserError as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -80,8 +94,10 @@ def train(
     raise typer.Exit(outcome.exit_code)
 
 
+from dlc.cli_chaos import chaos_command  # noqa: E402
 from dlc.cli_plan import bandwidth_command, simulate_command  # noqa: E402
 
+app.command("chaos")(chaos_command)
 app.command("simulate")(simulate_command)
 app.command("bandwidth")(bandwidth_command)
 

@@ -11,6 +11,7 @@ are cumulative; the syncer's round book relies on that.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,12 @@ class DecoupledLearnerSync:
         self.waiting: dict[int, MergedFragment] = {}
         self.pushes = 0
         self.adopted = 0
+        self.max_staleness = cfg.max_staleness
+        # Pushes the syncer has not acknowledged (by listing them in a merged fragment), kept to
+        # re-send to a restarted syncer. Guarded: pushes come from the loop thread, acks too
+        # (they are processed in after_step), reconnect from an actor thread.
+        self.unacked: dict[int, Push] = {}
+        self._unacked_lock = threading.Lock()
 
     # -- parameter access ---------------------------------------------------------------------
 
@@ -90,6 +97,7 @@ class DecoupledLearnerSync:
             self.push(p)
         while not self.inbox.empty():
             msg = self.inbox.get()
+            self._acknowledge(msg)
             newest = self.waiting.get(msg.fragment)
             if msg.version > self.versions[msg.fragment] and (newest is None or msg.version > newest.version):
                 self.waiting[msg.fragment] = msg
@@ -130,6 +138,8 @@ class DecoupledLearnerSync:
             payload=payload,
             sent_at=time.time(),
         )
+        with self._unacked_lock:
+            self.unacked[push.seq] = push
         nbytes = self.transport.send(self._push, push)
         self.seq += 1
         self.pushes += 1
@@ -148,6 +158,26 @@ class DecoupledLearnerSync:
     def unpushed_steps(self) -> float:
         """Steps of progress not yet sent, averaged over fragments (what a crash now would lose)."""
         return sum(self.steps_since) / len(self.steps_since)
+
+    def _acknowledge(self, msg: MergedFragment) -> None:
+        """Drop pushes of this fragment the round merged (a merged push holds this learner's earlier
+        pushes of the fragment), and ones too stale to be accepted any more."""
+        mine = [seq for learner, seq in msg.merged if learner == self.learner.index]
+        with self._unacked_lock:
+            for seq, push in list(self.unacked.items()):
+                if push.fragment != msg.fragment:
+                    continue
+                if (mine and seq <= max(mine)) or msg.version - push.base_version > self.max_staleness:
+                    del self.unacked[seq]
+
+    def reconnect(self, push: RemoteMethod) -> int:
+        """Send future pushes to `push`, and re-send every unacknowledged one there, in order."""
+        self._push = push
+        with self._unacked_lock:
+            pending = [self.unacked[seq] for seq in sorted(self.unacked)]
+        for item in pending:
+            self.transport.send(push, item)
+        return len(pending)
 
     def push_outstanding(self) -> int:
         """At the end of a run: push every fragment with progress not yet sent; returns how many."""

@@ -10,6 +10,7 @@ frozen (SIGSTOPped) process never answers.
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 import traceback
@@ -149,7 +150,6 @@ class LearnerWorker:
         window: list[tuple[float, int]] = []
         first: tuple[float, int] | None = None
         try:
-            self.state = "training"
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
                 started = time.monotonic()
                 record = learner.train_step()
@@ -160,7 +160,9 @@ class LearnerWorker:
                     self.save()
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
                 now = time.monotonic()
-                first = first or (now, learner.tokens)  # after the first step: compile time excluded
+                if first is None:  # the first step compiled the step function: start-up until here
+                    first = (now, learner.tokens)
+                    self.state = "training"
                 self.steady = (learner.tokens - first[1]) / (now - first[0]) if now > first[0] else 0.0
                 window.append((now, learner.tokens))
                 while len(window) > 2 and now - window[0][0] > 5.0:
@@ -215,6 +217,11 @@ class LearnerWorker:
 
     def deliver(self, message: Any) -> None:
         self.sync.receive(message)
+
+    def set_syncer(self, syncer: Any) -> int:
+        """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
+        self.syncer = syncer
+        return self.sync.reconnect(syncer.push)
 
     def ready(self) -> int:
         """Answers once the actor is constructed; returns its pid."""
@@ -338,6 +345,10 @@ class SyncerWorker:
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
         self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
+        self.journal_path = Path(run_dir) / "checkpoints" / "syncer-journal.pkl"
+        self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+        self._journal = open(self.journal_path, "ab")  # noqa: SIM115 (lives as long as the actor)
+        self.syncer.journal = self._write_journal
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._last_save = time.monotonic()
@@ -348,14 +359,32 @@ class SyncerWorker:
         handle = self.learners.get(learner)
         return self.transport.send(handle.deliver, message) if handle is not None else 0
 
+    def _write_journal(self, record: dict[str, Any]) -> None:
+        # A killed process loses nothing it has written: the page cache outlives it.
+        pickle.dump(record, self._journal, protocol=pickle.HIGHEST_PROTOCOL)
+        self._journal.flush()
+
     def restore(self) -> dict[str, Any] | None:
-        if self.checkpointer.latest_step() is None:
+        """The last checkpoint, then every journaled round after it: the state at the moment of death."""
+        restored = None
+        if self.checkpointer.latest_step() is not None:
+            tree, meta = self.checkpointer.restore(self.syncer.state()[0])
+            if meta.get("plan") != self.syncer.plan.fingerprint():
+                raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
+            self.syncer.load(tree, meta)
+            restored = {"checkpoint_rounds": meta["rounds_closed"]}
+        replayed = 0
+        for path in (self.journal_path.with_suffix(".prev"), self.journal_path):
+            for record in _read_journal(path):
+                replayed += self.syncer.replay(record)
+        if restored is None and replayed == 0:
             return None
-        tree, meta = self.checkpointer.restore(self.syncer.state()[0])
-        if meta.get("plan") != self.syncer.plan.fingerprint():
-            raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
-        self.syncer.load(tree, meta)
-        return {"versions": meta["versions"], "rounds_closed": meta["rounds_closed"]}
+        return {
+            **(restored or {}),
+            "journal_rounds": replayed,
+            "versions": list(self.syncer.book.versions),
+            "rounds_closed": self.syncer.rounds_closed,
+        }
 
     def start(self) -> None:
         self._thread.start()
@@ -406,7 +435,13 @@ class SyncerWorker:
             tree, meta = self.syncer.state()
             tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
             step = self.syncer.rounds_closed
+            # Rounds after this state go to a fresh journal; the old one stays until the
+            # checkpoint is complete, so a death mid-save still replays from the previous one.
+            self._journal.close()
+            os.replace(self.journal_path, self.journal_path.with_suffix(".prev"))
+            self._journal = open(self.journal_path, "ab")  # noqa: SIM115
         self.checkpointer.save(step, tree, meta)
+        self.journal_path.with_suffix(".prev").unlink(missing_ok=True)
         self._last_save = time.monotonic()
 
     def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
@@ -431,6 +466,22 @@ class SyncerWorker:
             self.syncer.flush()
         self.save()
         return self.poll()
+
+
+def _read_journal(path: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        with open(path, "rb") as f:
+            while True:
+                try:
+                    records.append(pickle.load(f))
+                except EOFError:
+                    break
+                except (pickle.UnpicklingError, ValueError, AttributeError):
+                    break  # a record cut short by the death: everything before it stands
+    except FileNotFoundError:
+        pass
+    return records
 
 
 class EvaluatorWorker:

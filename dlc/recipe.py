@@ -105,6 +105,9 @@ class LearnersConfig(Section):
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved per learner.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPU resources reserved per learner.")
     xla_cpu_threads: int = Field(1, ge=1, description="XLA CPU threads per learner process.")
+    join_streams: int = Field(
+        2, ge=0, description="Data streams held back for learners that join during the run, one per joiner."
+    )
     overrides: list[LearnerOverride] = Field(default_factory=list, description="Per-learner settings.")
 
     def batch_size_of(self, index: int) -> int:

@@ -232,6 +232,7 @@ class RoundResult:
     fragment: int
     version: int  # v_p after this round; the merged fragment carries it
     learners: tuple[int, ...]
+    seqs: tuple[int, ...]  # the merged push of each contributor (a later push holds its earlier ones)
     deltas: tuple[np.ndarray, ...]  # float32, already net of anything merged before
     tokens: tuple[int, ...]
     steps: tuple[int, ...]
@@ -330,6 +331,13 @@ class RoundBook:
         """Highest seq seen from ``learner`` (a restarted learner may go on from it)."""
         log = self._seqs.get(learner)
         return None if log is None else log.last
+
+    def remember(self, learner: int, seq: int) -> None:
+        """Mark (learner, seq) as seen: a restarted syncer replaying what it merged before."""
+        log = self._seqs.get(learner)
+        if log is None:
+            log = self._seqs[learner] = _SeqLog(seq)
+        log.add(seq)
 
     def forget_learner(self, learner: int) -> None:
         """Drop seq and merge history of a learner restarted as a new process.
@@ -470,6 +478,7 @@ class RoundBook:
             fragment=p,
             version=frag.version,
             learners=tuple(e.push.learner for e in entries),
+            seqs=tuple(e.push.seq for e in entries),
             deltas=deltas,
             tokens=tuple(e.tokens for e in entries),
             steps=tuple(e.steps for e in entries),

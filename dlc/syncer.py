@@ -54,6 +54,8 @@ class Syncer:
         self.contributed: Counter[int] = Counter()
         self.last_push_at: dict[int, float] = {}
         self.events: list[dict[str, Any]] = []
+        self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
+        self.merged_seqs: dict[int, list[int]] = {}  # recent merged seqs per learner, for restarts
 
     def _new_book(self, versions: list[int]) -> RoundBook:
         cfg = self.cfg
@@ -133,13 +135,26 @@ class Syncer:
         weights = merge_weights(result.tokens, result.steps, self.cfg.weighting)
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
-        message = MergedFragment(p, result.version, self.down_codec.encode(self.theta[p]), self.clock())
-        for learner in sorted(self.members):
-            self.bytes_down += self.deliver(learner, message)
-        self.book.mark_sent(p)
+        pairs = tuple(zip(result.learners, result.seqs, strict=True))
         self.rounds_closed += 1
         self.contributions += len(result.learners)
         self.contributed.update(result.learners)
+        self._remember_merged(pairs)
+        if self.journal is not None:  # before anyone sees the new version: a restart replays it
+            self.journal(
+                {
+                    "fragment": p,
+                    "version": result.version,
+                    "theta": self.theta[p],
+                    "momentum": self.momentum[p],
+                    "merged": pairs,
+                    "counters": self._counters(),
+                }
+            )
+        message = MergedFragment(p, result.version, self.down_codec.encode(self.theta[p]), self.clock(), pairs)
+        for learner in sorted(self.members):
+            self.bytes_down += self.deliver(learner, message)
+        self.book.mark_sent(p)
         self.events.append(
             {
                 "kind": "round_closed",
@@ -151,10 +166,58 @@ class Syncer:
                 "grace_s": round(result.grace_window_s, 4),
                 "waited_s": round(result.waited_s, 4),
                 "tokens": list(result.tokens),
+                "seqs": list(result.seqs),
                 "expired": list(result.expired),
             }
         )
         return result
+
+    def _remember_merged(self, pairs: tuple[tuple[int, int], ...]) -> None:
+        # Enough history to recognise a re-sent push: a push older than this would be stale.
+        keep = 4 * self.plan.num_fragments * (self.cfg.max_staleness + 1)
+        for learner, seq in pairs:
+            seqs = self.merged_seqs.setdefault(learner, [])
+            seqs.append(seq)
+            del seqs[:-keep]
+
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "rounds_closed": self.rounds_closed,
+            "contributions": self.contributions,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "accepted": self.accepted,
+            "rejections": {str(k): v for k, v in self.book.rejections.items()},
+            "contributed": {str(k): v for k, v in self.contributed.items()},
+            "merged_seqs": {str(k): v for k, v in self.merged_seqs.items()},
+        }
+
+    def replay(self, record: dict[str, Any]) -> bool:
+        """Apply one journal record newer than the state; returns whether it was applied."""
+        p = record["fragment"]
+        if record["version"] <= self.book.version(p):
+            return False
+        self.theta[p] = np.asarray(record["theta"], dtype=np.float32)
+        self.momentum[p] = np.asarray(record["momentum"], dtype=np.float32)
+        versions = list(self.book.versions)
+        versions[p] = record["version"]
+        self._restore_counters(versions, record["counters"])
+        return True
+
+    def _restore_counters(self, versions: list[int], counters: dict[str, Any]) -> None:
+        self.book = self._new_book(versions)
+        self.book.rejections.update(dict(counters["rejections"]))
+        self.rounds_closed, self.contributions = counters["rounds_closed"], counters["contributions"]
+        self.bytes_up, self.bytes_down, self.accepted = (
+            counters["bytes_up"],
+            counters["bytes_down"],
+            counters["accepted"],
+        )
+        self.contributed = Counter({int(k): v for k, v in counters["contributed"].items()})
+        self.merged_seqs = {int(k): list(v) for k, v in counters.get("merged_seqs", {}).items()}
+        for learner, seqs in self.merged_seqs.items():
+            for seq in seqs:
+                self.book.remember(learner, seq)
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -193,25 +256,11 @@ class Syncer:
             "theta": {str(p): t for p, t in enumerate(self.theta)},
             "momentum": {str(p): m for p, m in enumerate(self.momentum)},
         }
-        meta = {
-            "versions": list(self.book.versions),
-            "rounds_closed": self.rounds_closed,
-            "contributions": self.contributions,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "accepted": self.accepted,
-            "rejections": {str(k): v for k, v in self.book.rejections.items()},
-            "contributed": {str(k): v for k, v in self.contributed.items()},
-            "plan": self.plan.fingerprint(),
-        }
+        meta = {"versions": list(self.book.versions), **self._counters(), "plan": self.plan.fingerprint()}
         return tree, meta
 
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         P = self.plan.num_fragments
         self.theta = [np.asarray(tree["theta"][str(p)], dtype=np.float32) for p in range(P)]
         self.momentum = [np.asarray(tree["momentum"][str(p)], dtype=np.float32) for p in range(P)]
-        self.book = self._new_book(list(meta["versions"]))
-        self.book.rejections.update({k: v for k, v in meta["rejections"].items()})
-        self.rounds_closed, self.contributions = meta["rounds_closed"], meta["contributions"]
-        self.bytes_up, self.bytes_down, self.accepted = meta["bytes_up"], meta["bytes_down"], meta["accepted"]
-        self.contributed = Counter({int(k): v for k, v in meta["contributed"].items()})
+        self._restore_counters(list(meta["versions"]), meta)

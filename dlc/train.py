@@ -7,6 +7,7 @@ the global model, and decides when the run ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -76,14 +77,13 @@ class Budget:
         return max(0.0, min(etas)) if etas else None
 
 
-def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None) -> Outcome:
-    """Train the recipe until its stop condition, Ctrl-C, or an error."""
+def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
+    """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside."""
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     corpus = load_corpus(recipe.data)
     min_bytes = max(recipe.learners.batch_size_of(i) for i in range(recipe.learners.count))
-    split = split_corpus(
-        corpus, recipe.data, recipe.learners.count, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2
-    )
+    streams = recipe.learners.count + recipe.learners.join_streams
+    split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
     rundir, resume = RunDir.prepare(recipe, fresh)
     rundir.event(
         "run_started",
@@ -95,28 +95,32 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None) -
         resumed=resume,
     )
     try:
-        return Driver(recipe, rundir, resume, split, view).run()
+        return Driver(recipe, rundir, resume, split, view, chaos_plan).run()
     finally:
         rundir.close()
 
 
 class Driver:
-    def __init__(self, recipe: Recipe, rundir: RunDir, resume: bool, split: Split, view: ProgressView) -> None:
+    def __init__(
+        self, recipe: Recipe, rundir: RunDir, resume: bool, split: Split, view: ProgressView, chaos_plan: Any = None
+    ) -> None:
         self.recipe = recipe
+        self.chaos_plan = chaos_plan
         self.rundir = rundir
         self.resume = resume
         self.split = split
         self.view = view
         self.budget = Budget(recipe)
         self.started = time.time()
+        self.started_monotonic = time.monotonic()
         self.prior_wall_s = 0.0
         self.eval_initial: float | None = None
         self.eval_loss: float | None = None
         self.eval_bpb: float | None = None
-        self.learner_view: dict[int, dict[str, Any]] = {}
+        self._rejected_by_learner: dict[int, int] = {}
         self.syncer_view: dict[str, Any] = {}
         self.failure: str | None = None
-        self._polls: dict[Any, Any] = {}
+        self._syncer_poll: Any = None
         self._eval_ref: Any = None
         self._eval_step = 0.0
         self._next_eval = recipe.eval.every_steps
@@ -145,9 +149,20 @@ class Driver:
             engine.stop_cluster()
             raise _user_error_inside(exc) from None
         status, exit_code = "failed", 1
+        self.rundir.write_status(self._snapshot("running"))  # chaos acts on a run it sees running
+        chaos = self._start_chaos()
         try:
             with StopRequest() as stop, self.view:
                 self._watch(stop)
+                if chaos is not None:
+                    chaos[1].set()
+                    report = chaos[0].report
+                    self.rundir.event(
+                        "chaos_finished",
+                        fired={k.name.lower(): v for k, v in report.fired.items()},
+                        refused={k.name.lower(): v for k, v in report.refused.items()},
+                        stopped_because=report.stopped_because,
+                    )
                 status, exit_code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
                 if self.failure:
                     status, exit_code = "failed", 1
@@ -165,6 +180,28 @@ class Driver:
             self.view.message(self.failure)
         return Outcome(status, summary, str(self.rundir.path), exit_code)
 
+    def _start_chaos(self) -> tuple[Any, Any] | None:
+        """Run the chaos plan in a thread, acting on this run through its run directory."""
+        if self.chaos_plan is None:
+            return None
+        import threading
+
+        from chaos import Controller, RunDirTarget
+
+        stop = threading.Event()
+        controller = Controller(
+            self.chaos_plan,
+            RunDirTarget(self.rundir.path),
+            stop=stop,
+            on_record=lambda e: self.view.message(
+                f"chaos: {e.get('phase')} {e.get('fault')} {e.get('target', '')} {e.get('detail', '')}".rstrip()
+            ),
+        )
+        thread = threading.Thread(target=controller.run, name="chaos", daemon=True)
+        thread.start()
+        self.rundir.event("chaos_started", plan=self.chaos_plan.summary())
+        return controller, stop
+
     def _launch(self, engine: Any) -> None:
         import ray
 
@@ -176,8 +213,9 @@ class Driver:
         if restored:
             rundir.event("syncer_restored", **restored)
         self.evaluator = engine.EvaluatorActor.options(num_cpus=0).remote(recipe_json, ray.put(self.split.eval_bytes))
-        self.learners = {}
-        for i in range(recipe.learners.count):
+        from dlc.supervisor import Supervisor
+
+        def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
             options: dict[str, Any] = {"num_cpus": _learner_cpus(recipe, i)}
             gpus = next(
                 (o.num_gpus for o in recipe.learners.overrides if o.index == i and o.num_gpus is not None),
@@ -185,10 +223,14 @@ class Driver:
             )
             if gpus:
                 options["num_gpus"] = gpus
-            stream = ray.put(self.split.streams[i])
-            self.learners[i] = engine.LearnerActor.options(**options).remote(
-                recipe_json, i, stream, run_dir, self.syncer
+            return engine.LearnerActor.options(**options).remote(
+                recipe_json, i, stream, run_dir, self.syncer, incarnation
             )
+
+        streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
+        spares = [streams[i] for i in range(recipe.learners.count, len(streams))]
+        self.supervisor = Supervisor(recipe, rundir, engine, self.syncer, make_learner, spares)
+        self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         if self.resume:
             for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
                 rundir.event("run_resumed", learner=i, **where)
@@ -204,13 +246,15 @@ class Driver:
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
             rundir.event("learner_started", learner=i, pid=pid)
-            self.learner_view[i] = {"id": i, "state": "training", "step": 0, "tokens": 0, "pid": pid}
+            self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
 
     def _watch(self, stop: StopRequest) -> None:
         last_status = 0.0
         while not stop.requested and not self.failure:
             time.sleep(TICK_S)
             self._poll_all()
+            if self.supervisor.failure:
+                self.failure = self.supervisor.failure
             self._maybe_evaluate()
             step, tokens = self._mean_step(), self._tokens()
             if time.time() - last_status >= self.recipe.run.status_interval_s:
@@ -218,20 +262,26 @@ class Driver:
                 snap = self._snapshot("running")
                 self.rundir.write_status(snap)
                 self.view.update(snap)
-            done = all(v.get("state") in ("finished", "failed") for v in self.learner_view.values())
+            states = [self.supervisor.state_of(i) for i in self.supervisor.slots]
+            done = all(state in ("finished", "failed", "left") for state in states)
             if done or self.budget.progress(step, tokens, self.wall_s()) >= 1.0:
                 return
 
     def _finish(self) -> None:
         import ray
 
-        finals = ray.get([h.stop.remote() for h in self.learners.values()], timeout=300)
-        for i, final in enumerate(finals):
+        self.supervisor.file_time()
+        for i, final in self.supervisor.stop_all(timeout_s=120):
+            if final is None:
+                self.rundir.event("learner_stopped", learner=i, reason="unresponsive_at_end")
+                continue
             self._absorb_learner(i, final)
+            self.supervisor.slots[i].view = final["snapshot"]
             self.rundir.event("learner_stopped", learner=i, step=final["snapshot"]["step"], reason="run_end")
         self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
         if self._eval_ref is not None:
-            ray.get(self._eval_ref)
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(self._eval_ref)
         if not self.has_global_model:
             return
         params = self.syncer.global_params.remote()
@@ -250,37 +300,63 @@ class Driver:
     def _poll_all(self) -> None:
         import ray
 
-        targets = {("learner", i): h for i, h in self.learners.items()} | {("syncer", 0): self.syncer}
-        for key, handle in targets.items():
-            if key not in self._polls:
-                self._polls[key] = handle.poll.remote()
-        ready, _ = ray.wait(list(self._polls.values()), num_returns=len(self._polls), timeout=0)
-        for key, ref in list(self._polls.items()):
-            if ref not in ready:
-                continue
-            del self._polls[key]
+        self.supervisor.tick(self._absorb_learner)
+        if self._syncer_poll is None:
+            self._syncer_poll = self.syncer.poll.remote()
+        ready, _ = ray.wait([self._syncer_poll], timeout=0)
+        if ready:
+            ref, self._syncer_poll = self._syncer_poll, None
             try:
-                result = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                self.failure = f"{key[0]} {key[1]} died: {exc}"
-                continue
-            if key[0] == "learner":
-                self._absorb_learner(key[1], result)
-            else:
-                self._absorb_syncer(result)
+                self._absorb_syncer(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                self._restart_syncer()
+
+    def _restart_syncer(self) -> None:
+        """Start a new syncer from the checkpoint and journal; learners re-send what it never merged."""
+        import ray
+
+        from dlc import engine
+
+        died = time.time()
+        chaos = self.supervisor.chaos
+        self.rundir.event("syncer_died")
+        chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
+        recipe_json = self.recipe.model_dump(mode="json")
+        syncer = engine.SyncerActor.options(num_cpus=self.recipe.syncer.num_cpus).remote(
+            recipe_json, str(self.rundir.path)
+        )
+        restored = ray.get(syncer.restore.remote(), timeout=300) or {}
+        live = self.supervisor.live()
+        ray.get([syncer.register.remote(i, h) for i, h in live.items()], timeout=60)
+        ray.get(syncer.start.remote(), timeout=60)
+        self.syncer = self.supervisor.syncer = syncer
+        refs = [h.set_syncer.remote(syncer) for h in live.values()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)  # a frozen learner re-sends when it thaws
+        resent = sum(ray.get(r) for r in ready)
+        after = round(time.time() - died, 3)
+        self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)
+        chaos.outcome(
+            "kill_syncer",
+            None,
+            "restarted",
+            after_s=chaos.since("kill_syncer", None),
+            resent_pushes=resent,
+            versions=restored.get("versions"),
+        )
+        self.view.message(f"syncer restarted in {after:.1f} s; learners re-sent {resent} unacknowledged pushes")
 
     def _absorb_learner(self, index: int, result: dict[str, Any]) -> None:
         for event in result["events"]:
-            self.rundir.event(**event) if "kind" in event else None
+            self.rundir.event(**event)
         for metric in result["metrics"]:
             self.rundir.metric(**metric)
-        self.learner_view[index] = result["snapshot"]
-        if result["error"]:
-            self.failure = f"learner {index} failed:\n{result['error']}"
 
     def _absorb_syncer(self, result: dict[str, Any]) -> None:
         for event in result["events"]:
             self.rundir.event(**event)
+            if event["kind"] == "push_rejected":
+                self._rejected_by_learner[event["learner"]] = self._rejected_by_learner.get(event["learner"], 0) + 1
+        self.supervisor.note_syncer_events(result["events"])
         self.syncer_view = result["status"]
         if result["error"]:
             self.failure = f"syncer failed:\n{result['error']}"
@@ -294,8 +370,11 @@ class Driver:
             ready, _ = ray.wait([self._eval_ref], timeout=0)
             if not ready:
                 return
-            self.eval_loss, self.eval_bpb = ray.get(self._eval_ref)
-            self._eval_ref = None
+            ref, self._eval_ref = self._eval_ref, None
+            try:
+                self.eval_loss, self.eval_bpb = ray.get(ref)
+            except ray.exceptions.RayError:  # the syncer died while serving the parameters
+                return
             self.rundir.metric(
                 kind="eval",
                 step=round(self._eval_step, 1),
@@ -314,31 +393,43 @@ class Driver:
     def wall_s(self) -> float:
         return self.prior_wall_s + time.time() - self.started
 
+    def _goodput_summary(self) -> dict[str, Any]:
+        if not hasattr(self, "supervisor"):
+            return {"goodput": None, "badput": {}}
+        ledger = self.supervisor.ledger.summary()
+        return {
+            "goodput": ledger["goodput"],
+            "badput": ledger["badput_s"],
+            "goodput_by_learner": ledger["learners"],
+            "restarts": dict(self.supervisor.restarts),
+        }
+
+    def _rows(self) -> list[dict[str, Any]]:
+        return self.supervisor.rows() if hasattr(self, "supervisor") else []
+
     def _mean_step(self) -> float:
-        steps = [v.get("step", 0) for v in self.learner_view.values()]
+        steps = [v.get("step", 0) for v in self._rows() if v["state"] != "left"]
         return sum(steps) / len(steps) if steps else 0.0
 
     def _tokens(self) -> int:
-        return sum(v.get("tokens", 0) for v in self.learner_view.values())
+        # Tokens trained in this run: a restarted learner copies its peer's counter, so sum the
+        # learners' own counters only while they were alive (the ledger of tokens is the syncer's).
+        return sum(v.get("tokens", 0) for v in self._rows())
 
     def _snapshot(self, run_state: str) -> dict[str, Any]:
         step, tokens, wall = self._mean_step(), self._tokens(), self.wall_s()
-        tokens_per_s = sum(v.get("tokens_per_s", 0.0) for v in self.learner_view.values())
+        rows = self._rows()
+        tokens_per_s = sum(v.get("tokens_per_s", 0.0) for v in rows if v["state"] in ("training", "slow"))
         now = time.monotonic()
         self._rates = [r for r in self._rates if now - r[0] < 10.0] + [(now, tokens, step)]
         t0, _, s0 = self._rates[0]
         steps_per_s = (step - s0) / (now - t0) if now > t0 else 0.0
         ages = self.syncer_view.get("last_push_age_s", {})
-        learners = []
-        for i, v in sorted(self.learner_view.items()):
-            state = v.get("state", "starting")
-            learners.append(
-                {
-                    **v,
-                    "state": run_state if run_state != "running" and state != "failed" else state,
-                    "last_push_age_s": ages.get(str(i)),
-                }
-            )
+        learners = [
+            {**v, "last_push_age_s": ages.get(str(v["id"])), "rejected": self._rejected_by_learner.get(v["id"], 0)}
+            for v in rows
+        ]
+
         losses = [v["loss"] for v in learners if v.get("loss") is not None]
         return {
             "run": self.recipe.run.name,
@@ -358,6 +449,8 @@ class Driver:
             "eval_loss_initial": self.eval_initial,
             "learners": learners,
             "syncer": self.syncer_view,
+            "goodput": self.supervisor.ledger.summary()["goodput"] if hasattr(self, "supervisor") else None,
+            "badput": self.supervisor.ledger.summary()["badput_s"] if hasattr(self, "supervisor") else {},
         }
 
     def _summary(self, status: str) -> dict[str, Any]:
@@ -378,9 +471,10 @@ class Driver:
             "eval_bpb_final": self.eval_bpb,
             "learners": [
                 {k: v.get(k) for k in _LEARNER_SUMMARY_KEYS}
-                | {"contributed": sync.get("contributed", {}).get(str(i), 0)}
-                for i, v in sorted(self.learner_view.items())
+                | {"contributed": sync.get("contributed", {}).get(str(v["id"]), 0)}
+                for v in self._rows()
             ],
+            **self._goodput_summary(),
             "rounds": sync.get("rounds_closed", 0),
             "versions": sync.get("versions", []),
             "mean_contributors": sync.get("mean_contributors", 0.0),
@@ -394,6 +488,9 @@ class Driver:
 
 _LEARNER_SUMMARY_KEYS = (
     "id",
+    "state",
+    "restarts",
+    "goodput",
     "step",
     "tokens",
     "data_position",

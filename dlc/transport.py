@@ -21,6 +21,7 @@ class MergedFragment:
     version: int
     payload: Encoded
     sent_at: float
+    merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
 
 
 class Message(Protocol):

@@ -16,3 +16,9 @@ def test_readme_starts_with_the_two_commands():
     assert block == ["pip install -e . && dlc train recipes/tiny.yaml", "pip install -e '.[test]' && pytest"]
     ci = (README.parent / ".ci" / "run").read_text()
     assert block[1] in ci
+
+
+def test_readme_chaos_plan_reference_is_current():
+    from chaos.plan import reference_markdown as plan_reference
+
+    assert plan_reference() in README.read_text()

@@ -1,0 +1,79 @@
+"""What can go wrong: the fault kinds, each named with the mechanism that causes it, and one fault."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class FaultKind(Enum):
+    """A kind of fault. Each member's docstring names the mechanism that injects it."""
+
+    KILL = "kill", "SIGKILL the learner's process; the engine restarts it and copies state from a peer."
+    STALL = "stall", "SIGSTOP the learner's process, then SIGCONT from a detached timer after duration_s."
+    SLOW = "slow", "Multiply the learner's step time by factor for duration_s (a control request to the driver)."
+    JOIN = "join", "A temporary learner with its own data stream joins for duration_s (a control request)."
+    LEAVE = "leave", "The learner retires for good and stops pushing (a control request to the driver)."
+    KILL_SYNCER = "kill_syncer", "SIGKILL the syncer's process; it restarts from its checkpoint."
+
+    def __new__(cls, value: str, mechanism: str) -> FaultKind:
+        member = object.__new__(cls)
+        member._value_ = value
+        member.__doc__ = mechanism
+        return member
+
+    @property
+    def needs_learner(self) -> bool:
+        """Whether the fault acts on one existing learner (join makes a new one; the syncer is not one)."""
+        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.SLOW, FaultKind.LEAVE)
+
+    @property
+    def has_duration(self) -> bool:
+        """Whether the fault lasts a while and then undoes itself."""
+        return self in (FaultKind.STALL, FaultKind.SLOW, FaultKind.JOIN)
+
+    @property
+    def takes_learner_out(self) -> bool:
+        """Whether the fault removes a healthy learner (the quorum guardrail watches these)."""
+        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.LEAVE)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault to inject ``at_s`` seconds after the chaos clock started.
+
+    ``duration_s`` is None for faults without one, and for a slow-down or a join that lasts until the
+    run ends. ``origin`` says where it came from: "timeline" (the plan named it) or "poisson" (drawn).
+    """
+
+    at_s: float
+    kind: FaultKind
+    learner: int | None = None
+    duration_s: float | None = None
+    factor: float | None = None
+    origin: str = "timeline"
+
+    @property
+    def target_name(self) -> str:
+        if self.kind is FaultKind.KILL_SYNCER:
+            return "syncer"
+        if self.kind is FaultKind.JOIN:
+            return "new learner"
+        return f"learner {self.learner}"
+
+    def describe(self) -> str:
+        """The mechanism with this fault's numbers, for logs: 'SIGSTOP, SIGCONT after 8 s'."""
+        lasting = "until the run ends" if self.duration_s is None else f"for {self.duration_s:g} s"
+        match self.kind:
+            case FaultKind.KILL:
+                return "SIGKILL"
+            case FaultKind.STALL:
+                return f"SIGSTOP, SIGCONT after {self.duration_s:g} s"
+            case FaultKind.SLOW:
+                return f"step time x{self.factor:g} {lasting}"
+            case FaultKind.JOIN:
+                return f"a temporary learner joins {lasting}"
+            case FaultKind.LEAVE:
+                return "retires for good"
+            case FaultKind.KILL_SYNCER:
+                return "SIGKILL the syncer"

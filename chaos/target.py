@@ -1,0 +1,272 @@
+"""What chaos acts on: the `Target` interface, signals by pid, and a live run reached through its directory.
+
+The controller only knows `Target`. `RunDirTarget` is the one a separate `dlc chaos` process uses: it
+reads `status.json`, signals processes by pid, and asks the driver for the rest (slow, join, leave)
+by appending to `control.jsonl`, which the driver tails with `read_control`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+STATUS_FILE = "status.json"
+CONTROL_FILE = "control.jsonl"
+CHAOS_FILE = "chaos.jsonl"
+HEALTHY_STATES = frozenset({"training", "slow"})
+GONE_STATES = frozenset({"left", "finished", "failed"})
+
+# The stall timer runs in its own interpreter and session, so it sends SIGCONT even when the
+# process that stalled the victim is killed, or the user presses Ctrl-C in its terminal.
+_RESUME_TIMER = """\
+import os, signal, sys, time
+time.sleep(float(sys.argv[2]))
+try:
+    os.kill(int(sys.argv[1]), signal.SIGCONT)
+except ProcessLookupError:
+    pass
+"""
+
+
+@dataclass(frozen=True)
+class LearnerInfo:
+    """One learner as the run reports it; ``state`` is its status.json state (training, slow, dead, ...)."""
+
+    id: int
+    pid: int | None
+    state: str
+
+    @property
+    def healthy(self) -> bool:
+        return self.state in HEALTHY_STATES
+
+
+class Target(Protocol):
+    """A running training job that faults can be injected into."""
+
+    def learners(self) -> list[LearnerInfo]: ...
+    def quorum(self) -> int: ...
+    def running(self) -> bool: ...  # False once the run finished
+    def kill(self, learner: int) -> None: ...
+    def stall(self, learner: int, seconds: float) -> None: ...
+    def slow(self, learner: int, factor: float, seconds: float | None) -> None: ...  # None: until the run ends
+    def join(self, seconds: float | None = None) -> None: ...  # None: stays until the run ends
+    def leave(self, learner: int) -> None: ...
+    def kill_syncer(self) -> None: ...
+    def record(self, entry: dict[str, Any]) -> None: ...  # one chaos.jsonl line
+
+
+class TargetError(Exception):
+    """A fault could not be injected: the process is gone, or the run does not say its pid."""
+
+
+class ProcessSignals:
+    """SIGKILL, and SIGSTOP with a detached SIGCONT timer, sent by pid."""
+
+    def __init__(self, send: Callable[[int, int], None] = os.kill) -> None:
+        self._send = send
+
+    def kill(self, pid: int) -> None:
+        self._signal(pid, signal.SIGKILL)
+
+    def stall(self, pid: int, seconds: float) -> subprocess.Popen[bytes]:
+        """Freeze ``pid`` for ``seconds``; returns the timer process that will send SIGCONT.
+
+        The timer starts first: if this process dies right after the SIGSTOP, the victim still resumes.
+        """
+        if not seconds > 0:
+            raise ValueError(f"a stall needs a positive duration, got {seconds!r}")
+        self._signal(pid, 0)  # raises TargetError now rather than leaving a timer for a missing process
+        timer = self.resume_after(pid, seconds)
+        self._signal(pid, signal.SIGSTOP)
+        return timer
+
+    def resume_after(self, pid: int, seconds: float) -> subprocess.Popen[bytes]:
+        """A process in its own session that sleeps ``seconds`` and then sends SIGCONT to ``pid``."""
+        _check_pid(pid)
+        timer = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _RESUME_TIMER, str(pid), repr(float(seconds))],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        # Reap it when it is done, so no zombie (nor a ResourceWarning) outlives it in a long-lived process.
+        threading.Thread(target=timer.wait, name=f"stall-timer-{pid}", daemon=True).start()
+        return timer
+
+    def resume(self, pid: int) -> None:
+        self._signal(pid, signal.SIGCONT)
+
+    def _signal(self, pid: int, signum: int) -> None:
+        _check_pid(pid)
+        try:
+            self._send(pid, signum)
+        except ProcessLookupError:
+            raise TargetError(f"process {pid} is gone") from None
+        except PermissionError:
+            raise TargetError(f"not allowed to signal process {pid} (another user's process?)") from None
+
+
+def _check_pid(pid: object) -> None:
+    # 0 and negative pids address process groups (-1: every process we may signal): never send those.
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        raise TargetError(f"{pid!r} is not a process id this tool will signal")
+    if pid == os.getpid():
+        raise TargetError(f"process {pid} is this chaos process itself")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON lines shared with the driver
+
+
+def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
+    """Append one JSON line with a single write, so lines from several writers never interleave."""
+    line = (json.dumps(entry) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_control(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The complete JSON lines of ``path`` after byte ``offset``, and the offset to read from next time.
+
+    A half-written last line is left for the next call; a line that is not a JSON object is skipped;
+    a missing file is empty; a file shorter than ``offset`` (replaced) is read from the start. Works
+    for any JSON-lines file (control.jsonl, chaos.jsonl).
+    """
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < offset:
+                offset = 0
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    entries = []
+    for raw in data[:end].split(b"\n"):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            entries.append(obj)
+    return entries, offset + end + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# A live run, through its directory
+
+
+class RunDirTarget:
+    """A live run reached through its run directory only (what `dlc chaos` uses from outside).
+
+    A status.json older than ``stale_after_s`` means the driver is gone: the run counts as not running.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        signals: ProcessSignals | None = None,
+        stale_after_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.signals = signals or ProcessSignals()
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self.timers: list[subprocess.Popen[bytes]] = []
+        self._last_status: dict[str, Any] = {}
+
+    def status(self) -> dict[str, Any]:
+        """status.json as last written; the previous reading while it is missing or unreadable."""
+        for attempt in range(3):
+            try:
+                status = json.loads((self.run_dir / STATUS_FILE).read_text())
+            except (OSError, ValueError):
+                time.sleep(0.02 * (attempt + 1))
+                continue
+            if isinstance(status, dict):
+                self._last_status = status
+                break
+        return self._last_status
+
+    def learners(self) -> list[LearnerInfo]:
+        out = []
+        for row in self.status().get("learners") or []:
+            try:
+                pid = row.get("pid")
+                out.append(LearnerInfo(int(row["id"]), pid if isinstance(pid, int) else None, str(row["state"])))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+        return out
+
+    def quorum(self) -> int:
+        """syncer.quorum from status.json, else from the run's recipe.yaml, else every learner (safest)."""
+        syncer = self.status().get("syncer") or {}
+        if isinstance(syncer, dict) and isinstance(syncer.get("quorum"), int):
+            return syncer["quorum"]
+        try:
+            recipe = yaml.safe_load((self.run_dir / "recipe.yaml").read_text()) or {}
+            return int(recipe["syncer"]["quorum"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+            return len(self.learners())
+
+    def running(self) -> bool:
+        status = self.status()
+        updated = status.get("updated_at")
+        fresh = not isinstance(updated, int | float) or self.clock() - updated <= self.stale_after_s
+        return status.get("state") == "running" and fresh
+
+    def kill(self, learner: int) -> None:
+        self.signals.kill(self._pid_of(learner))
+
+    def stall(self, learner: int, seconds: float) -> None:
+        self.timers.append(self.signals.stall(self._pid_of(learner), seconds))
+
+    def slow(self, learner: int, factor: float, seconds: float | None) -> None:
+        self._request("slow", learner=learner, factor=factor, duration_s=seconds)
+
+    def join(self, seconds: float | None = None) -> None:
+        self._request("join", learner=None, factor=None, duration_s=seconds)
+
+    def leave(self, learner: int) -> None:
+        self._request("leave", learner=learner, factor=None, duration_s=None)
+
+    def kill_syncer(self) -> None:
+        syncer = self.status().get("syncer") or {}
+        pid = syncer.get("pid") if isinstance(syncer, dict) else None
+        if not isinstance(pid, int):
+            raise TargetError("status.json does not give the syncer's pid (syncer.pid)")
+        self.signals.kill(pid)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        append_jsonl(self.run_dir / CHAOS_FILE, {"t": round(self.clock(), 3), **entry})
+
+    def _pid_of(self, learner: int) -> int:
+        for info in self.learners():
+            if info.id == learner:
+                if info.pid is None:
+                    raise TargetError(f"status.json gives no pid for learner {learner}")
+                return info.pid
+        raise TargetError(f"status.json has no learner {learner}")
+
+    def _request(self, op: str, **fields: Any) -> None:
+        append_jsonl(self.run_dir / CONTROL_FILE, {"t": round(self.clock(), 3), "op": op, **fields})

@@ -96,7 +96,10 @@ def train(
 
 from dlc.cli_chaos import chaos_command  # noqa: E402
 from dlc.cli_plan import bandwidth_command, simulate_command  # noqa: E402
+from dlc.cli_view import report_command, status_command  # noqa: E402
 
+app.command("status")(status_command)
+app.command("report")(report_command)
 app.command("chaos")(chaos_command)
 app.command("simulate")(simulate_command)
 app.command("bandwidth")(bandwidth_command)

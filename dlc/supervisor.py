@@ -11,6 +11,7 @@ and the observed outcome of each chaos fault goes to chaos.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -279,9 +280,20 @@ class Supervisor:
             self.slots[index].leave_at = time.monotonic() + float(duration_s)
         self.rundir.event("learner_joining", learner=index, duration_s=duration_s)
 
-    def stop_all(self, timeout_s: float) -> list[tuple[int, dict[str, Any] | None]]:
-        """Stop every live learner; frozen or dying ones are killed after `timeout_s`."""
+    def stop_all(self, timeout_s: float, absorb: Any) -> list[tuple[int, dict[str, Any] | None]]:
+        """Stop every live learner; frozen or dying ones are killed after `timeout_s`.
+
+        A poll still in flight has already drained its learner's events and metrics: those are
+        absorbed first, or they would be lost.
+        """
         live = self.live()
+        pending = {i: self.slots[i].poll for i in live if self.slots[i].poll is not None}
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=min(timeout_s, 10.0))
+        for i, ref in pending.items():
+            self.slots[i].poll = None
+            if ref in ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    absorb(i, ray.get(ref))
         refs = {i: h.stop.remote() for i, h in live.items() if self.slots[i].override != "stalled"}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         out = []

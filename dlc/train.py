@@ -113,6 +113,9 @@ class Driver:
         self.budget = Budget(recipe)
         self.started = time.time()
         self.started_monotonic = time.monotonic()
+        from dlc.tensorboard import TensorBoardWriter
+
+        self.tb = TensorBoardWriter(rundir.path)
         self.prior_wall_s = 0.0
         self.eval_initial: float | None = None
         self.eval_loss: float | None = None
@@ -175,6 +178,7 @@ class Driver:
             self.rundir.write_status(self._snapshot(status))
             self.rundir.write_summary(summary)
             self.rundir.event("run_finished", status=status, tokens=summary["tokens_total"])
+            self.tb.close()
             engine.stop_cluster()
         if self.failure:
             self.view.message(self.failure)
@@ -240,7 +244,7 @@ class Driver:
         ray.get([self.syncer.register.remote(i, h) for i, h in self.learners.items()])
         if self.eval_initial is None and self.has_global_model:
             self.eval_initial, _ = ray.get(self.evaluator.evaluate.remote(self.syncer.global_params.remote()))
-            rundir.metric(kind="eval", step=0, tokens=0, eval_loss=self.eval_initial, eval_bpb=_bpb(self.eval_initial))
+            self._metric(kind="eval", step=0, tokens=0, eval_loss=self.eval_initial, eval_bpb=_bpb(self.eval_initial))
         fragments, versions = ray.get(self.syncer.global_fragments.remote()) if self.resume else (None, None)
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
@@ -262,6 +266,8 @@ class Driver:
                 snap = self._snapshot("running")
                 self.rundir.write_status(snap)
                 self.view.update(snap)
+                if snap["goodput"] is not None:  # goodput over time, for dlc report
+                    self._metric(kind="goodput", step=snap["step"], tokens=snap["tokens"], goodput=snap["goodput"])
             states = [self.supervisor.state_of(i) for i in self.supervisor.slots]
             done = all(state in ("finished", "failed", "left") for state in states)
             if done or self.budget.progress(step, tokens, self.wall_s()) >= 1.0:
@@ -271,13 +277,17 @@ class Driver:
         import ray
 
         self.supervisor.file_time()
-        for i, final in self.supervisor.stop_all(timeout_s=120):
+        for i, final in self.supervisor.stop_all(timeout_s=120, absorb=self._absorb_learner):
             if final is None:
                 self.rundir.event("learner_stopped", learner=i, reason="unresponsive_at_end")
                 continue
             self._absorb_learner(i, final)
             self.supervisor.slots[i].view = final["snapshot"]
             self.rundir.event("learner_stopped", learner=i, step=final["snapshot"]["step"], reason="run_end")
+        if self._syncer_poll is not None:  # it drained events already: absorb them, or they are lost
+            ref, self._syncer_poll = self._syncer_poll, None
+            with contextlib.suppress(ray.exceptions.RayError):
+                self._absorb_syncer(ray.get(ref, timeout=30))
         self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
         if self._eval_ref is not None:
             with contextlib.suppress(ray.exceptions.RayError):
@@ -286,7 +296,7 @@ class Driver:
             return
         params = self.syncer.global_params.remote()
         self.eval_loss, self.eval_bpb = ray.get(self.evaluator.evaluate.remote(params), timeout=300)
-        self.rundir.metric(
+        self._metric(
             kind="eval",
             step=round(self._mean_step(), 1),
             tokens=self._tokens(),
@@ -349,7 +359,7 @@ class Driver:
         for event in result["events"]:
             self.rundir.event(**event)
         for metric in result["metrics"]:
-            self.rundir.metric(**metric)
+            self._metric(**metric)
 
     def _absorb_syncer(self, result: dict[str, Any]) -> None:
         for event in result["events"]:
@@ -375,7 +385,7 @@ class Driver:
                 self.eval_loss, self.eval_bpb = ray.get(ref)
             except ray.exceptions.RayError:  # the syncer died while serving the parameters
                 return
-            self.rundir.metric(
+            self._metric(
                 kind="eval",
                 step=round(self._eval_step, 1),
                 tokens=self._eval_tokens,
@@ -403,6 +413,11 @@ class Driver:
             "goodput_by_learner": ledger["learners"],
             "restarts": dict(self.supervisor.restarts),
         }
+
+    def _metric(self, **fields: Any) -> None:
+        """One metrics.jsonl line, mirrored to TensorBoard."""
+        self.rundir.metric(**fields)
+        self.tb.metric(fields)
 
     def _rows(self) -> list[dict[str, Any]]:
         return self.supervisor.rows() if hasattr(self, "supervisor") else []

@@ -32,3 +32,16 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subpro
 @pytest.fixture
 def tiny_recipe() -> Path:
     return TINY
+
+
+# End-to-end runs of the 4-learner tiny recipe use this many steps per learner.
+STEPS = "run.max_steps=300"
+
+
+@pytest.fixture(scope="session")
+def calm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One fault-free 4-learner run of tiny, shared by the engine checks and as the chaos baseline."""
+    run_dir = tmp_path_factory.mktemp("calm") / "run"
+    result = run_cli("train", str(TINY), f"run.dir={run_dir}", STEPS, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir

@@ -100,14 +100,18 @@ def main() -> None:
         "Rejoin times are medians in seconds after the kill: detected, process restarted, state copied "
         "from a peer (copy itself in brackets), first accepted push (includes compiling the step).",
         "",
-        "| kills / learner / min | kills | goodput | startup s | dead s | rejoining s | wasted s | detected | "
-        "restarted | state copied (copy) | first push | wall s | final eval loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kills / learner / min | kills | goodput | goodput after start-up | startup s | dead s | rejoining s | "
+        "wasted s | detected | restarted | state copied (copy) | first push | wall s | final eval loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rate, s, kills in rows:
         b = s["badput"]
+        rows_ = s["goodput_by_learner"].values()
+        productive = sum(r["productive"] for r in rows_)
+        after_startup = productive / sum(sum(v for k, v in r.items() if k not in ("goodput", "startup")) for r in rows_)
         lines.append(
-            f"| {rate:g} | {sum(s.get('restarts', {}).values())} | **{s['goodput']:.3f}** | {b['startup']:.0f} | "
+            f"| {rate:g} | {sum(s.get('restarts', {}).values())} | **{s['goodput']:.3f}** | {after_startup:.3f} | "
+            f"{b['startup']:.0f} | "
             f"{b['dead']:.0f} | {b['rejoining']:.1f} | {b['wasted']:.1f} | {median(kills, 'detected')} | "
             f"{median(kills, 'restarted')} | {median(kills, 'state_copied')} ({median(kills, 'copy_s')}) | "
             f"{median(kills, 'first_push')} | {s['wall_s']:.0f} | {s['eval_loss_final']:.4f} |"

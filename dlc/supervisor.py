@@ -117,6 +117,12 @@ class Supervisor:
                 self._carry_out({"op": "leave", "learner": i})
         self.file_time()
 
+    def forgive_silence(self) -> None:
+        """After the driver itself was busy (a syncer restart), no learner has been silent."""
+        now = time.monotonic()
+        for slot in self.slots.values():
+            slot.last_seen = max(slot.last_seen, now)
+
     def file_time(self) -> None:
         """File each learner's time since the last call under its current state's bucket."""
         now = time.monotonic()

@@ -142,7 +142,13 @@ class Driver:
         from dlc import engine
 
         learners = self.recipe.learners
-        cpus = sum(_learner_cpus(self.recipe, i) for i in range(learners.count)) + self.recipe.syncer.num_cpus
+        # Learners, the syncer, and room for the learners chaos may add (each joiner reserves as
+        # much as a learner): otherwise a joiner waits for CPUs and takes a restarting syncer's.
+        cpus = (
+            sum(_learner_cpus(self.recipe, i) for i in range(learners.count))
+            + learners.join_streams * learners.num_cpus
+            + self.recipe.syncer.num_cpus
+        )
         cluster = engine.start_cluster(self.recipe.cluster, cpus)
         self.rundir.event("cluster_started", **cluster)
         try:
@@ -344,6 +350,7 @@ class Driver:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)  # a frozen learner re-sends when it thaws
         resent = sum(ray.get(r) for r in ready)
         after = round(time.time() - died, 3)
+        self.supervisor.forgive_silence()  # the driver was busy here, not the learners silent
         self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)
         chaos.outcome(
             "kill_syncer",

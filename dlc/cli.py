@@ -5,9 +5,11 @@ Heavy modules (JAX, Ray) are imported inside the commands so `dlc --help` stays 
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -94,15 +96,31 @@ def train(
     raise typer.Exit(outcome.exit_code)
 
 
+def guarded(command: Callable[..., None]) -> Callable[..., None]:
+    """A command whose UserError becomes one line on stderr and exit code 2."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except UserError as exc:
+            fail(str(exc))
+
+    return run
+
+
 from dlc.cli_chaos import chaos_command  # noqa: E402
 from dlc.cli_plan import bandwidth_command, simulate_command  # noqa: E402
 from dlc.cli_view import report_command, status_command  # noqa: E402
 
-app.command("status")(status_command)
-app.command("report")(report_command)
-app.command("chaos")(chaos_command)
-app.command("simulate")(simulate_command)
-app.command("bandwidth")(bandwidth_command)
+for _name, _command in (
+    ("status", status_command),
+    ("report", report_command),
+    ("chaos", chaos_command),
+    ("simulate", simulate_command),
+    ("bandwidth", bandwidth_command),
+):
+    app.command(_name)(guarded(_command))
 
 
 def main() -> None:

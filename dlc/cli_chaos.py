@@ -6,13 +6,13 @@ The chaos package is imported inside the command so importing this module stays 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dlc.errors import UserError
+from dlc.tables import print_table
 
 if TYPE_CHECKING:
     from chaos.controller import Report
@@ -158,24 +158,5 @@ def _print_record(entry: dict[str, Any]) -> None:
 
 def _print_report(report: Report, run_dir: Path) -> None:
     header = ["fault", "injected", "refused", "dry run", "failed"]
-    rows = report.table()
     footer = f"stopped: {report.stopped_because}; every fault is in {run_dir / 'chaos.jsonl'}"
-    if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title="faults")
-        for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console = Console()
-        console.print(table)
-        console.print(footer, style="dim", highlight=False)
-        return
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        typer.echo(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        )
-    typer.echo(footer)
+    print_table("faults", header, report.table(), footer)

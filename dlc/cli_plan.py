@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dlc.errors import UserError
+from dlc.tables import print_table
 
 if TYPE_CHECKING:
     from dlc.simulate import FailureModel, SweepRow, SystemResult
@@ -70,32 +70,6 @@ def _paper_cell(system: str, learners: int, chips: float, model: FailureModel) -
         return None
     row = PAPER_GOODPUT_PCT.get((system, learners))
     return None if row is None else row[PAPER_CHIPS.index(round(chips))]
-
-
-def _render(title: str, header: list[str], rows: list[list[str]], footer: str = "") -> None:
-    """A Rich table on a terminal, tab-free aligned plain text otherwise."""
-    if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=title)
-        for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console = Console()
-        console.print(table)
-        if footer:
-            console.print(footer, style="dim", highlight=False)
-        return
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    typer.echo(title)
-    for row in [header, *rows]:
-        typer.echo(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        )
-    if footer:
-        typer.echo(footer)
 
 
 def _result_json(r: SystemResult) -> dict[str, float | int]:
@@ -235,7 +209,7 @@ def _report_one(chips: float, learners: int, quorum: int, model: FailureModel, s
         f"{format_count(chips)} chips, {1 / model.mtbi_chip_years:g} failure(s)/chip-year, "
         f"{model.horizon_days:g} simulated days"
     )
-    _render(title, ["system", "goodput(%)", "uptime(%)", "failures"], rows, _constants_line(model))
+    print_table(title, ["system", "goodput(%)", "uptime(%)", "failures"], rows, _constants_line(model))
 
 
 def _report_sweep(
@@ -280,7 +254,7 @@ def _report_sweep(
     header = ["goodput(%) (paper)", *[format_count(c) for c in chip_list]]
     footer = f"{_constants_line(model)}\n{len(table) * len(chip_list)} cells in {seconds:.1f} s"
     title = f"goodput, {1 / model.mtbi_chip_years:g} failure(s)/chip-year, {model.horizon_days:g} simulated days"
-    _render(title, header, table, footer)
+    print_table(title, header, table, footer)
     if plot_file is not None:
         typer.echo(f"plot: {plot_file}", err=True)
 
@@ -374,7 +348,9 @@ def bandwidth_command(
         f"{100 * utilisation:g}% utilisation, H={inner_steps}, P={fragments}, tau={tau:g}"
     )
     header = ["approach", "bits/value", "closed form(Gbit/s)", "step sim(Gbit/s)", "mean sent(Gbit/step)"]
-    _render(title, header, table, "decoupled never waits: it needs the mean rate and each fragment back in tau steps")
+    print_table(
+        title, header, table, "decoupled never waits: it needs the mean rate and each fragment back in tau steps"
+    )
 
 
 def _recipe_traffic(path: Path, json_out: bool) -> None:
@@ -391,7 +367,7 @@ def _recipe_traffic(path: Path, json_out: bool) -> None:
         ["one fp32 gradient", f"{traffic['fp32_gradient_bytes']:,.0f}"],
     ]
     ratio = 1 / traffic["up_vs_fp32_gradient"]
-    _render(
+    print_table(
         f"{path}: {traffic['params']:,} parameters",
         ["per learner step", "bytes"],
         table,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import subprocess
@@ -14,11 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from dlc.cli_plan import bandwidth_command, parse_count, simulate_command
-from dlc.errors import UserError
+from dlc.cli import app
+from dlc.cli_plan import parse_count, simulate_command
 from dlc.simulate import (
     PAPER_CHIPS,
     PAPER_GOODPUT_PCT,
@@ -38,28 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 YEAR_S = 365.25 * 86400
 
 
-def plan_app() -> typer.Typer:
-    """A stand-in for the main app: the two commands, UserError -> message on stderr, exit 2."""
-
-    def guarded(fn: Any) -> Any:
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> None:
-            try:
-                fn(*args, **kwargs)
-            except UserError as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from None
-
-        return run
-
-    app = typer.Typer(pretty_exceptions_enable=False)
-    app.command("simulate")(guarded(simulate_command))
-    app.command("bandwidth")(guarded(bandwidth_command))
-    return app
-
-
 def invoke(*args: str) -> Any:
-    return CliRunner().invoke(plan_app(), list(args))
+    return CliRunner().invoke(app, list(args))
 
 
 def test_absorbing_pauses_by_hand():

@@ -3,7 +3,6 @@ of half-written files, the command's errors, and (slow) the live view of a real 
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
@@ -16,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
-from dlc.cli_view import report_command, status_command
+from dlc.cli import app
 from dlc.errors import UserError
 from dlc.status import JsonlTail, RunReader, count_params, resolve_run
 from dlc.status_view import render, sparkline
@@ -58,28 +56,8 @@ def cells(text: str, learner: int) -> dict[str, str]:
     return dict(zip(header.replace("last push", "last_push").split(), row(text, learner), strict=True))
 
 
-def view_app() -> typer.Typer:
-    """A stand-in for the main app: the two commands, UserError -> message on stderr, exit 2."""
-
-    def guarded(fn: Any) -> Any:
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> None:
-            try:
-                fn(*args, **kwargs)
-            except UserError as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from None
-
-        return run
-
-    app = typer.Typer(pretty_exceptions_enable=False)
-    app.command("status")(guarded(status_command))
-    app.command("report")(guarded(report_command))
-    return app
-
-
 def invoke(*args: str) -> Any:
-    return CliRunner().invoke(view_app(), list(args))
+    return CliRunner().invoke(app, list(args))
 
 
 # -- frames of fixture runs ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dlc.data import ByteStream
@@ -88,8 +89,11 @@ class Learner:
 
     def load_state(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         self.flush()
-        self.params = jax.device_put(tree["params"])
-        self.opt_state = jax.device_put(tree["opt_state"])
+        # Through host memory: orbax restores arrays committed to a device, while adopted fragments
+        # are written back uncommitted, and jit compiles every mix of the two anew.
+        host = jax.device_get(tree)
+        self.params = jax.tree_util.tree_map(jnp.asarray, host["params"])
+        self.opt_state = jax.tree_util.tree_map(jnp.asarray, host["opt_state"])
         self.step = int(meta["step"])
         self.tokens = int(meta["tokens"])
         self.stream.position = int(meta["data_position"])

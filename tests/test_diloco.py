@@ -110,3 +110,23 @@ def test_bandwidth_prediction_equals_bytes_sent():
         assert sync.transport.bytes_sent / 8 == pytest.approx(predicted["up_bytes_per_step"])
     # Down: one round per fragment per period, each delivered to both learners.
     assert run.down.bytes_sent / 8 / 2 == pytest.approx(predicted["down_bytes_per_step"])
+
+
+def test_restored_learner_does_not_recompile_as_it_adopts_fragments(tmp_path):
+    # orbax restores device-committed arrays; adopted fragments are written back uncommitted.
+    # jit compiles each mix anew, so a restored learner must hold plain uncommitted arrays.
+    from dlc.checkpoint import Checkpointer
+
+    run = make_run(small_recipe(learners=2))
+    for _ in range(6):
+        run.step_all()
+    sync = run.syncs[0]
+    checkpointer = Checkpointer(tmp_path / "ck", keep=1)
+    sync.learner.flush()
+    checkpointer.save(sync.learner.step, sync.learner.state_tree(), sync.learner.state_meta())
+    tree, meta = checkpointer.restore(sync.learner.state_tree())
+    sync.learner.load_state(tree, meta)
+    for _ in range(12):  # every step adopts and writes back a fragment somewhere
+        run.step_all()
+    # One compilation for fresh state; none more however the fragments were written.
+    assert sync.learner._train_step._cache_size() == 1

@@ -152,7 +152,7 @@ class LearnerWorker:
         try:
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
                 started = time.monotonic()
-                record = learner.train_step()
+                learner.train_step()
                 events = self.sync.after_step()
                 self._serve_export()
                 self._apply_slow(time.monotonic() - started)
@@ -171,25 +171,31 @@ class LearnerWorker:
                 with self.lock:
                     self.events.extend(events)
                     self.rate = rate
-                    if record is not None:
-                        self.loss = record.loss
-                        if record.step % recipe.run.log_every_steps == 0:
-                            self.metrics.append(
-                                {
-                                    "kind": "train",
-                                    "learner": self.index,
-                                    "step": record.step,
-                                    "tokens": record.tokens,
-                                    "loss": record.loss,
-                                    "grad_norm": record.grad_norm,
-                                    "tokens_per_s": round(rate, 1),
-                                }
-                            )
+                self._log_records()
             learner.flush()
+            self._log_records()
             self.state = "finished"
         except Exception:  # reported to the driver, which fails the run with this text
             self.error = traceback.format_exc()
             self.state = "failed"
+
+    def _log_records(self) -> None:
+        every = self.recipe.run.log_every_steps
+        with self.lock:
+            for record in self.learner.take_records():
+                self.loss = record.loss
+                if record.step % every == 0:
+                    self.metrics.append(
+                        {
+                            "kind": "train",
+                            "learner": self.index,
+                            "step": record.step,
+                            "tokens": record.tokens,
+                            "loss": record.loss,
+                            "grad_norm": record.grad_norm,
+                            "tokens_per_s": round(self.rate, 1),
+                        }
+                    )
 
     def poll(self) -> dict[str, Any]:
         with self.lock:

@@ -67,6 +67,7 @@ class InProcessRun:
     def step_all(self) -> None:
         for learner, sync in zip(self.learners, self.syncs, strict=True):
             learner.train_step()
+            learner.take_records()  # the twin keeps no per-step log
             sync.after_step()
             self.syncer.heartbeat(learner.index)
         self.clock.now += self.step_time_s

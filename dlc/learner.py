@@ -47,6 +47,7 @@ class Learner:
         self.step = 0
         self.tokens = 0
         self._pending: tuple[int, int, dict[str, jax.Array], float] | None = None
+        self._finished: list[StepRecord] = []  # records not yet collected by the host loop
         self._last_start = 0.0
 
     @property
@@ -73,11 +74,17 @@ class Learner:
         pending, self._pending = self._pending, None
         return self._finish(pending, time.monotonic()) if pending else None
 
-    @staticmethod
-    def _finish(pending: tuple[int, int, dict[str, jax.Array], float], now: float) -> StepRecord:
+    def take_records(self) -> list[StepRecord]:
+        """Every record finished since the last call, whoever flushed it (a checkpoint, a copy)."""
+        records, self._finished = self._finished, []
+        return records
+
+    def _finish(self, pending: tuple[int, int, dict[str, jax.Array], float], now: float) -> StepRecord:
         step, tokens, metrics, started = pending
         host = jax.device_get(metrics)
-        return StepRecord(step, tokens, float(host["loss"]), float(host["grad_norm"]), now - started)
+        record = StepRecord(step, tokens, float(host["loss"]), float(host["grad_norm"]), now - started)
+        self._finished.append(record)
+        return record
 
     # -- state, for checkpoints and (later) copies to a rejoining peer -----------------------
 

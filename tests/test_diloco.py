@@ -130,3 +130,15 @@ def test_restored_learner_does_not_recompile_as_it_adopts_fragments(tmp_path):
         run.step_all()
     # One compilation for fresh state; none more however the fragments were written.
     assert sync.learner._train_step._cache_size() == 1
+
+
+def test_every_step_record_reaches_the_loop_whoever_flushed():
+    run = make_run(small_recipe(learners=1))
+    learner = run.learners[0]
+    learner.train_step()
+    learner.train_step()  # finishes step 1
+    learner.flush()  # a checkpoint or a state copy flushes step 2 in between
+    learner.train_step()
+    learner.flush()  # the end of the run flushes step 3
+    assert [r.step for r in learner.take_records()] == [1, 2, 3]
+    assert learner.take_records() == []

@@ -441,6 +441,7 @@ class Driver:
     def _snapshot(self, run_state: str) -> dict[str, Any]:
         step, tokens, wall = self._mean_step(), self._tokens(), self.wall_s()
         rows = self._rows()
+        ledger = self._goodput_summary()
         tokens_per_s = sum(v.get("tokens_per_s", 0.0) for v in rows if v["state"] in ("training", "slow"))
         now = time.monotonic()
         self._rates = [r for r in self._rates if now - r[0] < 10.0] + [(now, tokens, step)]
@@ -471,8 +472,8 @@ class Driver:
             "eval_loss_initial": self.eval_initial,
             "learners": learners,
             "syncer": self.syncer_view,
-            "goodput": self.supervisor.ledger.summary()["goodput"] if hasattr(self, "supervisor") else None,
-            "badput": self.supervisor.ledger.summary()["badput_s"] if hasattr(self, "supervisor") else {},
+            "goodput": ledger["goodput"],
+            "badput": ledger["badput"],
         }
 
     def _summary(self, status: str) -> dict[str, Any]:

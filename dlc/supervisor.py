@@ -108,9 +108,12 @@ class Supervisor:
     def tick(self, absorb: Any) -> None:
         """Poll, detect, advance recoveries, fill the ledger. `absorb(i, result)` logs a poll."""
         now = time.monotonic()
+        # Chaos lines first: a kill injected and detected within one tick must already be known
+        # as injected when its outcome is recorded.
+        requests = self.chaos.requests()
         self._poll(absorb, now)
         self._advance_recoveries()
-        for request in self.chaos.requests():
+        for request in requests:
             self._carry_out(request)
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():

@@ -66,6 +66,9 @@ class Budget:
         limits = ((step, self.max_steps), (tokens, self.max_tokens), (wall_s, self.max_wall_s))
         return min(1.0, max(value / limit for value, limit in limits if limit))
 
+    def driver_limit_reached(self, tokens: int, wall_s: float) -> bool:
+        return bool((self.max_tokens and tokens >= self.max_tokens) or (self.max_wall_s and wall_s >= self.max_wall_s))
+
     def eta_s(self, step: float, tokens: int, wall_s: float, tokens_per_s: float, steps_per_s: float) -> float | None:
         etas = []
         if self.max_tokens and tokens_per_s > 0:
@@ -266,7 +269,7 @@ class Driver:
             if self.supervisor.failure:
                 self.failure = self.supervisor.failure
             self._maybe_evaluate()
-            step, tokens = self._mean_step(), self._tokens()
+            tokens = self._tokens()
             if time.time() - last_status >= self.recipe.run.status_interval_s:
                 last_status = time.time()
                 snap = self._snapshot("running")
@@ -276,7 +279,8 @@ class Driver:
                     self._metric(kind="goodput", step=snap["step"], tokens=snap["tokens"], goodput=snap["goodput"])
             states = [self.supervisor.state_of(i) for i in self.supervisor.slots]
             done = all(state in ("finished", "failed", "left") for state in states)
-            if done or self.budget.progress(step, tokens, self.wall_s()) >= 1.0:
+            # Learners stop themselves at run.max_steps (and report it); the driver enforces the rest.
+            if done or self.budget.driver_limit_reached(tokens, self.wall_s()):
                 return
 
     def _finish(self) -> None:

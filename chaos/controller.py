@@ -214,6 +214,12 @@ class Controller:
                 t.leave(learner)
             case FaultKind.KILL_SYNCER:
                 t.kill_syncer()
+            case FaultKind.DEGRADE_LINK:
+                assert learner is not None and fault.factor is not None and fault.duration_s is not None
+                t.degrade_link(learner, fault.factor, fault.duration_s)
+            case FaultKind.CUT_LINK:
+                assert learner is not None and fault.duration_s is not None
+                t.cut_link(learner, fault.duration_s)
 
     def _refusal(self, fault: Fault, now: float, learners: list[LearnerInfo]) -> str | None:
         """Why the fault may not fire now, or None."""

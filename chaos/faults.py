@@ -15,6 +15,16 @@ class FaultKind(Enum):
     JOIN = "join", "A temporary learner with its own data stream joins for duration_s (a control request)."
     LEAVE = "leave", "The learner retires for good and stops pushing (a control request to the driver)."
     KILL_SYNCER = "kill_syncer", "SIGKILL the syncer's process; it restarts from its checkpoint."
+    DEGRADE_LINK = (
+        "degrade_link",
+        "Divide the learner's link bandwidth by factor and multiply its latency by factor for duration_s "
+        "(a control request to the driver).",
+    )
+    CUT_LINK = (
+        "cut_link",
+        "Cut the learner's link for duration_s: messages queue and go out when it returns "
+        "(a control request to the driver).",
+    )
 
     def __new__(cls, value: str, mechanism: str) -> FaultKind:
         member = object.__new__(cls)
@@ -25,16 +35,26 @@ class FaultKind(Enum):
     @property
     def needs_learner(self) -> bool:
         """Whether the fault acts on one existing learner (join makes a new one; the syncer is not one)."""
-        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.SLOW, FaultKind.LEAVE)
+        return self in (
+            FaultKind.KILL,
+            FaultKind.STALL,
+            FaultKind.SLOW,
+            FaultKind.LEAVE,
+            FaultKind.DEGRADE_LINK,
+            FaultKind.CUT_LINK,
+        )
 
     @property
     def has_duration(self) -> bool:
         """Whether the fault lasts a while and then undoes itself."""
-        return self in (FaultKind.STALL, FaultKind.SLOW, FaultKind.JOIN)
+        return self in (FaultKind.STALL, FaultKind.SLOW, FaultKind.JOIN, FaultKind.DEGRADE_LINK, FaultKind.CUT_LINK)
 
     @property
     def takes_learner_out(self) -> bool:
-        """Whether the fault removes a healthy learner (the quorum guardrail watches these)."""
+        """Whether the fault removes a healthy learner (the quorum guardrail watches these).
+
+        A degraded or cut link does not: the learner keeps training and its pushes arrive late.
+        """
         return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.LEAVE)
 
 
@@ -43,7 +63,8 @@ class Fault:
     """One fault to inject ``at_s`` seconds after the chaos clock started.
 
     ``duration_s`` is None for faults without one, and for a slow-down or a join that lasts until the
-    run ends. ``origin`` says where it came from: "timeline" (the plan named it) or "poisson" (drawn).
+    run ends. ``factor`` is a slow-down's or a link degradation's, None for the other kinds. ``origin``
+    says where it came from: "timeline" (the plan named it) or "poisson" (drawn).
     """
 
     at_s: float
@@ -77,3 +98,7 @@ class Fault:
                 return "retires for good"
             case FaultKind.KILL_SYNCER:
                 return "SIGKILL the syncer"
+            case FaultKind.DEGRADE_LINK:
+                return f"link bandwidth /{self.factor:g}, latency x{self.factor:g} {lasting}"
+            case FaultKind.CUT_LINK:
+                return f"link cut {lasting}, messages held until it returns"

@@ -28,9 +28,14 @@ _ALIASES = {
     "leave_rate": "leave_per_learner_per_min",
     "join_rate": "join_per_min",
     "kill_syncer_rate": "kill_syncer_per_min",
+    "degrade_link_rate": "degrade_link_per_learner_per_min",
+    "cut_link_rate": "cut_link_per_learner_per_min",
+    "link_factor": "degrade_link_factor",
     "stall_for": "stall_for_s",
     "slow_for": "slow_for_s",
     "join_for": "join_for_s",
+    "degrade_link_for": "degrade_link_for_s",
+    "cut_link_for": "cut_link_for_s",
     "duration": "duration_s",
     "warmup": "warmup_s",
     "min_gap": "min_gap_s",
@@ -47,19 +52,28 @@ class TimelineEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     at_s: float = Field(..., ge=0, description="When to inject it, in seconds after the chaos clock starts.")
-    fault: FaultKind = Field(..., description="kill, stall, slow, join, leave or kill_syncer.")
+    fault: FaultKind = Field(..., description="kill, stall, slow, join, leave, kill_syncer, degrade_link or cut_link.")
     learner: int | None = Field(
-        None, ge=0, description="Which learner (0-based); required for kill, stall, slow and leave, absent otherwise."
+        None,
+        ge=0,
+        description="Which learner (0-based); required for kill, stall, slow, leave, degrade_link and cut_link, "
+        "absent otherwise.",
     )
     duration_s: float | None = Field(
         None,
         gt=0,
-        description="stall, slow, join: how long it lasts. Default: the plan's stall_for_s, slow_for_s, join_for_s.",
+        description="stall, slow, join, degrade_link, cut_link: how long it lasts. Default: the plan's stall_for_s, "
+        "slow_for_s, join_for_s, degrade_link_for_s, cut_link_for_s.",
     )
     until_end: bool = Field(
         False, description="slow, join: last until the run ends instead of duration_s (heterogeneous hardware)."
     )
-    factor: float | None = Field(None, gt=1, description="slow: step-time multiplier. Default: the plan's slow_factor.")
+    factor: float | None = Field(
+        None,
+        gt=1,
+        description="slow: step-time multiplier; degrade_link: bandwidth divisor and latency multiplier. Default: "
+        "the plan's slow_factor, degrade_link_factor.",
+    )
 
     @field_validator("fault", mode="before")
     @classmethod
@@ -83,10 +97,17 @@ class TimelineEntry(BaseModel):
             raise ValueError(f"{kind} is instantaneous and takes no duration_s or until_end: remove them")
         if self.until_end and self.fault is FaultKind.STALL:
             raise ValueError("a stall cannot last until_end (the learner would stay frozen): give duration_s")
+        if self.until_end and self.fault is FaultKind.CUT_LINK:
+            raise ValueError("a cut_link cannot last until_end (its messages would never arrive): give duration_s")
+        if self.until_end and self.fault is FaultKind.DEGRADE_LINK:
+            raise ValueError(
+                "a degrade_link cannot last until_end: give duration_s, or set learners.bandwidth_mbps and "
+                "learners.latency_ms in the recipe for a thin link all run long"
+            )
         if self.until_end and self.duration_s is not None:
             raise ValueError(f"duration_s={self.duration_s:g} and until_end: true contradict each other: keep one")
-        if self.factor is not None and self.fault is not FaultKind.SLOW:
-            raise ValueError(f"factor is for slow, not {kind}: remove factor: {self.factor:g}")
+        if self.factor is not None and self.fault not in (FaultKind.SLOW, FaultKind.DEGRADE_LINK):
+            raise ValueError(f"factor is for slow or degrade_link, not {kind}: remove factor: {self.factor:g}")
         return self
 
 
@@ -138,6 +159,22 @@ class Plan(BaseModel):
     join_per_min: float = Field(0.0, ge=0, description="Poisson rate of temporary learners joining, per minute.")
     join_for_s: float = Field(60.0, gt=0, description="How long a joined learner stays before it retires.")
     kill_syncer_per_min: float = Field(0.0, ge=0, description="Poisson rate of syncer kills, per minute.")
+    degrade_link_per_learner_per_min: float = Field(
+        0.0, ge=0, description="Poisson rate of link degradations, per learner per minute."
+    )
+    degrade_link_factor: float = Field(
+        10.0,
+        gt=1,
+        description="A link degradation divides its learner's link bandwidth by this and multiplies its latency by "
+        "this.",
+    )
+    degrade_link_for_s: float = Field(30.0, gt=0, description="How long a link degradation lasts.")
+    cut_link_per_learner_per_min: float = Field(
+        0.0, ge=0, description="Poisson rate of link cuts, per learner per minute."
+    )
+    cut_link_for_s: float = Field(
+        10.0, gt=0, description="How long a link cut lasts; messages queue meanwhile and go out when it ends."
+    )
     timeline: list[TimelineEntry] = Field(
         default_factory=list, description="Faults at fixed times, each like {at_s: 30, fault: kill, learner: 2}."
     )
@@ -165,6 +202,8 @@ class Plan(BaseModel):
             FaultKind.LEAVE: self.leave_per_learner_per_min,
             FaultKind.JOIN: self.join_per_min,
             FaultKind.KILL_SYNCER: self.kill_syncer_per_min,
+            FaultKind.DEGRADE_LINK: self.degrade_link_per_learner_per_min,
+            FaultKind.CUT_LINK: self.cut_link_per_learner_per_min,
         }[kind]
 
     def default_duration_s(self, kind: FaultKind) -> float | None:
@@ -172,12 +211,18 @@ class Plan(BaseModel):
             FaultKind.STALL: self.stall_for_s,
             FaultKind.SLOW: self.slow_for_s,
             FaultKind.JOIN: self.join_for_s,
+            FaultKind.DEGRADE_LINK: self.degrade_link_for_s,
+            FaultKind.CUT_LINK: self.cut_link_for_s,
         }.get(kind)
+
+    def default_factor(self, kind: FaultKind) -> float | None:
+        """The factor of a kind that takes one (slow, degrade_link); None for the others."""
+        return {FaultKind.SLOW: self.slow_factor, FaultKind.DEGRADE_LINK: self.degrade_link_factor}.get(kind)
 
     def fault_of(self, entry: TimelineEntry) -> Fault:
         """A timeline entry with the plan's defaults filled in."""
         duration = None if entry.until_end else (entry.duration_s or self.default_duration_s(entry.fault))
-        factor = (entry.factor or self.slow_factor) if entry.fault is FaultKind.SLOW else None
+        factor = entry.factor or self.default_factor(entry.fault)
         return Fault(entry.at_s, entry.fault, entry.learner, duration, factor, origin="timeline")
 
     def is_empty(self) -> bool:
@@ -204,6 +249,8 @@ class Plan(BaseModel):
                     FaultKind.STALL: f" for {self.stall_for_s:g} s",
                     FaultKind.SLOW: f" x{self.slow_factor:g} for {self.slow_for_s:g} s",
                     FaultKind.JOIN: f" for {self.join_for_s:g} s",
+                    FaultKind.DEGRADE_LINK: f" x{self.degrade_link_factor:g} for {self.degrade_link_for_s:g} s",
+                    FaultKind.CUT_LINK: f" for {self.cut_link_for_s:g} s",
                 }.get(kind, "")
                 parts.append(f"{kind.value} {rate:g}{per}{extra}")
         if self.timeline:

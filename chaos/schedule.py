@@ -46,7 +46,7 @@ def _poisson(
 ) -> Iterator[Fault]:
     """Arrivals of one Poisson stream: exponential gaps with mean 1/rate, from the end of the warm-up."""
     duration = plan.default_duration_s(kind)
-    factor = plan.slow_factor if kind is FaultKind.SLOW else None
+    factor = plan.default_factor(kind)
     t = plan.warmup_s
     while True:
         t += rng.expovariate(rate_per_s)

@@ -1,8 +1,8 @@
 """What chaos acts on: the `Target` interface, signals by pid, and a live run reached through its directory.
 
 The controller only knows `Target`. `RunDirTarget` is the one a separate `dlc chaos` process uses: it
-reads `status.json`, signals processes by pid, and asks the driver for the rest (slow, join, leave)
-by appending to `control.jsonl`, which the driver tails with `read_control`.
+reads `status.json`, signals processes by pid, and asks the driver for the rest (slow, join, leave,
+degrade_link, cut_link) by appending to `control.jsonl`, which the driver tails with `read_control`.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class Target(Protocol):
     def join(self, seconds: float | None = None) -> None: ...  # None: stays until the run ends
     def leave(self, learner: int) -> None: ...
     def kill_syncer(self) -> None: ...
+    def degrade_link(self, learner: int, factor: float, seconds: float) -> None: ...  # bandwidth / factor, latency x
+    def cut_link(self, learner: int, seconds: float) -> None: ...
     def record(self, entry: dict[str, Any]) -> None: ...  # one chaos.jsonl line
 
 
@@ -249,6 +251,12 @@ class RunDirTarget:
 
     def leave(self, learner: int) -> None:
         self._request("leave", learner=learner, factor=None, duration_s=None)
+
+    def degrade_link(self, learner: int, factor: float, seconds: float) -> None:
+        self._request("degrade_link", learner=learner, factor=factor, duration_s=seconds)
+
+    def cut_link(self, learner: int, seconds: float) -> None:
+        self._request("cut_link", learner=learner, duration_s=seconds)
 
     def kill_syncer(self) -> None:
         syncer = self.status().get("syncer") or {}

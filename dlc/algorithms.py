@@ -1,11 +1,13 @@
 """The registry of training algorithms, chosen once from `recipe.algorithm`.
 
-An algorithm supplies the learner's side of synchronisation (called after every inner step)
-and the syncer; the loops in `engine` never ask which algorithm they run.
+An algorithm supplies the learner's side of synchronisation (its `step` is one step of the
+learner's loop: train, and send or receive what is due) and the syncer; the loops in `engine`
+never ask which algorithm they run.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,8 +25,9 @@ if TYPE_CHECKING:  # the driver consults the registry without importing JAX
 class LearnerSync(Protocol):
     pushes: int
     adopted: int
+    waiting_s: float  # time the loop spent blocked on the network or on other learners
 
-    def after_step(self) -> list[dict[str, Any]]: ...
+    def step(self, stop: threading.Event) -> list[dict[str, Any]]: ...
     def receive(self, message: Any) -> None: ...
     def push_outstanding(self) -> int: ...
     def unpushed_steps(self) -> float: ...
@@ -50,9 +53,14 @@ class NoSync:
 
     pushes = 0
     adopted = 0
+    waiting_s = 0.0
 
-    def __init__(self, *args: Any) -> None:
-        pass
+    def __init__(self, recipe: Recipe, learner: Learner, *args: Any) -> None:
+        self.learner = learner
+
+    def step(self, stop: threading.Event) -> list[dict[str, Any]]:
+        self.learner.train_step()
+        return []
 
     def after_step(self) -> list[dict[str, Any]]:
         return []
@@ -117,8 +125,36 @@ def _null_syncer(
     return Syncer(recipe, FragmentPlan.build(shapes_of(initial), 1), initial, deliver, clock)
 
 
+def _barrier_syncer(combiner: str) -> Callable[..., Any]:
+    def make(
+        recipe: Recipe, initial: dict[str, np.ndarray], deliver: Callable[..., int], clock: Callable[[], float]
+    ) -> Any:
+        from dlc.barrier import AdamWStep, BarrierSyncer, OuterStep
+
+        if combiner == "adamw":  # dp: gradients, weighted by tokens as one batch would be
+            return BarrierSyncer(recipe, initial, deliver, clock, AdamWStep, recipe.blocking.dp_codec, "tokens")
+        return BarrierSyncer(recipe, initial, deliver, clock, OuterStep, recipe.syncer.codec, recipe.syncer.weighting)
+
+    return make
+
+
+def _dp_learner(recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> LearnerSync:
+    from dlc.blocking import DataParallelSync
+
+    return DataParallelSync(recipe, learner, transport, syncer)
+
+
+def _diloco_learner(recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> LearnerSync:
+    from dlc.blocking import BlockingDiLoCoSync
+
+    return BlockingDiLoCoSync(recipe, learner, transport, syncer)
+
+
 ALGORITHMS: dict[str, Algorithm] = {
     "decoupled": Algorithm("decoupled", _decoupled_learner, _decoupled_syncer),
+    # Blocking baselines: every step (dp) or every H steps (diloco) all learners send and wait.
+    "dp": Algorithm("dp", _dp_learner, _barrier_syncer("adamw")),
+    "diloco": Algorithm("diloco", _diloco_learner, _barrier_syncer("outer")),
     # Independent learners, no synchronisation: the baseline for overhead measurements.
     "none": Algorithm("none", NoSync, _null_syncer, global_model=False),
 }

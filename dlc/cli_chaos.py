@@ -26,6 +26,9 @@ OPTION_KEYS = {
     "--slow-rate": "slow_per_learner_per_min",
     "--slow-factor": "slow_factor",
     "--slow-for": "slow_for_s",
+    "--degrade-link-rate": "degrade_link_per_learner_per_min",
+    "--link-factor": "degrade_link_factor",
+    "--cut-link-rate": "cut_link_per_learner_per_min",
     "--seed": "seed",
     "--duration": "duration_s",
 }
@@ -89,11 +92,30 @@ def chaos_command(
         float | None,
         typer.Option("--slow-for", help="Seconds a slow-down lasts (default: the plan's, else 30)", show_default=False),
     ] = None,
+    degrade_link_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--degrade-link-rate", help="Link degradations per learner per minute (Poisson).", show_default=False
+        ),
+    ] = None,
+    link_factor: Annotated[
+        float | None,
+        typer.Option(
+            "--link-factor",
+            help="A degraded link's bandwidth is divided, its latency multiplied, by this (default: the plan's, "
+            "else 10)",
+            show_default=False,
+        ),
+    ] = None,
+    cut_link_rate: Annotated[
+        float | None,
+        typer.Option("--cut-link-rate", help="Link cuts per learner per minute (Poisson).", show_default=False),
+    ] = None,
     plan: Annotated[
         Path | None,
         typer.Option(
             "--plan",
-            help="Plan YAML, or a shipped plan's name: kill_storm, stragglers, heterogeneous, mixed.",
+            help="Plan YAML, or a shipped plan's name: kill_storm, stragglers, heterogeneous, mixed, thin_links.",
             show_default=False,
         ),
     ] = None,
@@ -122,6 +144,9 @@ def chaos_command(
         "--slow-rate": slow_rate,
         "--slow-factor": slow_factor,
         "--slow-for": slow_for,
+        "--degrade-link-rate": degrade_link_rate,
+        "--link-factor": link_factor,
+        "--cut-link-rate": cut_link_rate,
         "--seed": seed,
         "--duration": duration,
     }
@@ -130,7 +155,10 @@ def chaos_command(
         overrides["dry_run"] = True
     loaded = load_plan(plan, overrides, {key: option for option, key in OPTION_KEYS.items()})
     if loaded.is_empty():
-        raise UserError("nothing to inject: give --kill-rate, --stall-rate or --slow-rate, or a --plan")
+        raise UserError(
+            "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate or --cut-link-rate, "
+            "or a --plan"
+        )
     run_dir = resolve_run(run)
     target = RunDirTarget(run_dir)
     if not target.running():
@@ -153,7 +181,7 @@ def chaos_command(
 
 def _print_record(entry: dict[str, Any]) -> None:
     extra = "" if entry["phase"] == "injected" else f" [{entry['phase']}]"
-    typer.echo(f"{entry['at_s']:8.1f}s  {entry['fault']:<11} {entry['target']:<11} {entry['detail']}{extra}")
+    typer.echo(f"{entry['at_s']:8.1f}s  {entry['fault']:<12} {entry['target']:<11} {entry['detail']}{extra}")
 
 
 def _print_report(report: Report, run_dir: Path) -> None:

@@ -82,6 +82,12 @@ class DecoupledLearnerSync:
 
     # -- the protocol -------------------------------------------------------------------------
 
+    waiting_s = 0.0  # never blocks: pushes go out and merged fragments come in while it trains
+
+    def step(self, stop: threading.Event) -> list[dict[str, Any]]:
+        self.learner.train_step()
+        return self.after_step()
+
     def receive(self, msg: MergedFragment) -> None:
         """Called from another thread when the syncer delivers a merged fragment."""
         self.inbox.put(msg)
@@ -140,7 +146,7 @@ class DecoupledLearnerSync:
         )
         with self._unacked_lock:
             self.unacked[push.seq] = push
-        nbytes = self.transport.send(self._push, push)
+        nbytes = self.transport.send(self._push, push, link=self.learner.index)
         self.seq += 1
         self.pushes += 1
         self.sent[p] = SentRecord(self.learner.step, theta)
@@ -176,7 +182,7 @@ class DecoupledLearnerSync:
         with self._unacked_lock:
             pending = [self.unacked[seq] for seq in sorted(self.unacked)]
         for item in pending:
-            self.transport.send(push, item)
+            self.transport.send(push, item, link=self.learner.index)
         return len(pending)
 
     def push_outstanding(self) -> int:

@@ -90,9 +90,10 @@ class LearnerWorker:
 
         self.recipe = Recipe.model_validate(recipe_json)
         self.index = index
+        self.incarnation = incarnation
         self.syncer = syncer
         self.learner = Learner(self.recipe, index, stream)
-        self.transport = Transport()
+        self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed)  # this learner's uplink
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
@@ -151,11 +152,10 @@ class LearnerWorker:
         first: tuple[float, int] | None = None
         try:
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
-                started = time.monotonic()
-                learner.train_step()
-                events = self.sync.after_step()
+                started, waited = time.monotonic(), self.sync.waiting_s
+                events = self.sync.step(self._stop)
                 self._serve_export()
-                self._apply_slow(time.monotonic() - started)
+                self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
                 if learner.step % recipe.checkpoint.every_steps == 0:
                     self.save()
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
@@ -163,6 +163,7 @@ class LearnerWorker:
                 if first is None:  # the first step compiled the step function: start-up until here
                     first = (now, learner.tokens)
                     self.state = "training"
+                    events.append({"kind": "learner_training", "learner": self.index, "incarnation": self.incarnation})
                 self.steady = (learner.tokens - first[1]) / (now - first[0]) if now > first[0] else 0.0
                 window.append((now, learner.tokens))
                 while len(window) > 2 and now - window[0][0] > 5.0:
@@ -218,6 +219,9 @@ class LearnerWorker:
             "pushes": self.sync.pushes,
             "adopted": self.sync.adopted,
             "bytes_sent": self.transport.bytes_sent,
+            "waiting_s": round(self.sync.waiting_s, 3),
+            "link_queued": self.transport.queued(),
+            "link_blocked_s": round(self.transport.blocked_s(), 3),
             "pid": os.getpid(),
         }
 
@@ -228,6 +232,10 @@ class LearnerWorker:
         """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
         self.syncer = syncer
         return self.sync.reconnect(syncer.push)
+
+    def impair_link(self, factor: float | None, seconds: float) -> None:
+        """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""
+        self.transport.impair(self.index, factor, seconds)
 
     def ready(self) -> int:
         """Answers once the actor is constructed; returns its pid."""
@@ -320,6 +328,7 @@ class LearnerWorker:
             self._thread.join()
         if self.state != "failed":
             pushed = self.sync.push_outstanding()
+            self.transport.drain(timeout_s=120)  # pushes still held by an emulated link go out first
             # Pushes and this barrier share the syncer's one ordered concurrency group, so when
             # it returns the syncer holds every push: the driver's finish() cannot overtake them.
             ray.get(self.syncer.barrier.remote(), timeout=120)
@@ -347,7 +356,7 @@ class SyncerWorker:
         self.learners: dict[int, Any] = {}
         from dlc.transport import Transport
 
-        self.transport = Transport()
+        self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed + 1)  # the downlinks
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
         self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
@@ -363,7 +372,11 @@ class SyncerWorker:
 
     def _deliver(self, learner: int, message: Any) -> int:
         handle = self.learners.get(learner)
-        return self.transport.send(handle.deliver, message) if handle is not None else 0
+        return self.transport.send(handle.deliver, message, link=learner) if handle is not None else 0
+
+    def impair_link(self, index: int, factor: float | None, seconds: float) -> None:
+        """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
+        self.transport.impair(index, factor, seconds)
 
     def _write_journal(self, record: dict[str, Any]) -> None:
         # A killed process loses nothing it has written: the page cache outlives it.
@@ -375,7 +388,7 @@ class SyncerWorker:
         restored = None
         if self.checkpointer.latest_step() is not None:
             tree, meta = self.checkpointer.restore(self.syncer.state()[0])
-            if meta.get("plan") != self.syncer.plan.fingerprint():
+            if meta.get("plan") != self.syncer.fingerprint():
                 raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
             self.syncer.load(tree, meta)
             restored = {"checkpoint_rounds": meta["rounds_closed"]}
@@ -388,7 +401,7 @@ class SyncerWorker:
         return {
             **(restored or {}),
             "journal_rounds": replayed,
-            "versions": list(self.syncer.book.versions),
+            "versions": self.syncer.versions(),
             "rounds_closed": self.syncer.rounds_closed,
         }
 
@@ -403,9 +416,8 @@ class SyncerWorker:
     def rejoin(self, index: int, handle: Any) -> None:
         """A restarted learner: a new incarnation of `index` whose seqs start again."""
         with self.lock:
-            self.syncer.book.forget_learner(index)
             self.learners[index] = handle
-            self.syncer.join(index)
+            self.syncer.rejoin(index)
 
     def leave(self, index: int) -> None:
         with self.lock:
@@ -452,7 +464,7 @@ class SyncerWorker:
 
     def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
         with self.lock:
-            return [t.copy() for t in self.syncer.theta], list(self.syncer.book.versions)
+            return [t.copy() for t in self.syncer.theta], self.syncer.versions()
 
     def global_params(self) -> dict[str, np.ndarray]:
         with self.lock:

@@ -62,5 +62,18 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
     return jax.jit(train_step, donate_argnums=(0, 1))
 
 
+GradStep = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params, jax.Array]]
+
+
+def make_grad_step(graphdef: nnx.GraphDef) -> GradStep:
+    """Loss, gradient and gradient norm without an update (data-parallel: the update is global)."""
+
+    def grad_step(params: Params, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[jax.Array, Params, jax.Array]:
+        loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
+        return loss, grads, optax.tree.norm(grads)
+
+    return jax.jit(grad_step)
+
+
 def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[Params, jax.Array, jax.Array], jax.Array]:
     return jax.jit(lambda params, x, y: cross_entropy(graphdef, params, x, y))

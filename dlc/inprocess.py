@@ -44,6 +44,8 @@ class InProcessRun:
     """M learners and one syncer; `step_all` advances every learner by one inner step."""
 
     def __init__(self, recipe: Recipe, split: Split, step_time_s: float = 0.1) -> None:
+        if recipe.algorithm not in ("decoupled", "none"):
+            raise ValueError(f"the in-process twin steps learners in turn; algorithm {recipe.algorithm} blocks")
         algorithm = get_algorithm(recipe.algorithm)
         self.recipe = recipe
         self.clock = FakeClock()

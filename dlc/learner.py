@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlc.data import ByteStream
-from dlc.inner import make_optimizer, make_train_step
+from dlc.inner import make_grad_step, make_optimizer, make_train_step
 from dlc.model import Params, build_model
 from dlc.recipe import Recipe
 
@@ -44,6 +44,7 @@ class Learner:
         self.opt_state: Any = self.optimizer.init(self.params)
         self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
         self._train_step = make_train_step(self.graphdef, self.optimizer)
+        self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
         self.step = 0
         self.tokens = 0
         self._pending: tuple[int, int, dict[str, jax.Array], float] | None = None
@@ -54,20 +55,45 @@ class Learner:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
-    def train_step(self) -> StepRecord | None:
-        """Dispatch one inner step; return the previous step's record (None on the first)."""
+    def _pace(self) -> float:
         if self.pace_s:
             wait = self._last_start + self.pace_s - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-        start = time.monotonic()
-        self._last_start = start
+        self._last_start = time.monotonic()
+        return self._last_start
+
+    def train_step(self) -> StepRecord | None:
+        """Dispatch one inner step; return the previous step's record (None on the first)."""
+        start = self._pace()
         x_BxT, y_BxT = self.stream.next_batch()
         self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, x_BxT, y_BxT)
         self.step += 1
         self.tokens += self.tokens_per_step
         previous, self._pending = self._pending, (self.step, self.tokens, metrics, start)
         return self._finish(previous, start) if previous else None
+
+    def compute_gradient(self) -> dict[str, Any]:
+        """The gradient of the loss on the next batch at the current parameters, on the host.
+
+        Counts as a step (tokens, step counter, record); the parameters do not change here.
+        """
+        self.flush()
+        if self._grad_step is None:
+            self._grad_step = make_grad_step(self.graphdef)
+        start = self._pace()
+        x_BxT, y_BxT = self.stream.next_batch()
+        loss, grads, norm = jax.device_get(self._grad_step(self.params, x_BxT, y_BxT))
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        now = time.monotonic()
+        self._finished.append(StepRecord(self.step, self.tokens, float(loss), float(norm), now - start))
+        return grads
+
+    def set_params(self, params: Params) -> None:
+        """Replace the parameters with host arrays of the same structure (the global model)."""
+        self.flush()
+        self.params = jax.tree_util.tree_map(jnp.asarray, params)
 
     def flush(self) -> StepRecord | None:
         """Wait for the step in flight and return its record."""

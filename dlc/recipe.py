@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dlc.errors import UserError
+from dlc.link import LinkSpec
 
 
 class Section(BaseModel):
@@ -95,6 +96,9 @@ class LearnerOverride(Section):
     step_time_s: float | None = Field(None, ge=0, description="Pace: this learner never steps faster than this.")
     num_cpus: float | None = Field(None, ge=0, description="Ray CPU resources reserved for this learner.")
     num_gpus: float | None = Field(None, ge=0, description="Ray GPU resources reserved for this learner.")
+    bandwidth_mbps: float | None = Field(None, gt=0, description="This learner's link bandwidth, Mbit/s each way.")
+    latency_ms: float | None = Field(None, ge=0, description="This learner's one-way link latency, ms.")
+    jitter_ms: float | None = Field(None, ge=0, description="This learner's latency jitter (half-normal scale), ms.")
 
 
 class LearnersConfig(Section):
@@ -108,7 +112,24 @@ class LearnersConfig(Section):
     join_streams: int = Field(
         2, ge=0, description="Data streams held back for learners that join during the run, one per joiner."
     )
+    bandwidth_mbps: float | None = Field(
+        None,
+        gt=0,
+        description="Emulated bandwidth of each learner's link to the syncer, Mbit/s each way (null = unlimited).",
+    )
+    latency_ms: float = Field(0.0, ge=0, description="Emulated one-way latency of each learner's link, ms.")
+    jitter_ms: float = Field(
+        0.0, ge=0, description="Emulated latency jitter, ms (half-normal scale; messages never overtake)."
+    )
     overrides: list[LearnerOverride] = Field(default_factory=list, description="Per-learner settings.")
+
+    def link_of(self, index: int) -> LinkSpec:
+        """Learner `index`'s link to the syncer (a joiner beyond the overrides gets the defaults)."""
+        spec = {"bandwidth_mbps": self.bandwidth_mbps, "latency_ms": self.latency_ms, "jitter_ms": self.jitter_ms}
+        for o in self.overrides:
+            if o.index == index:
+                spec.update({k: getattr(o, k) for k in spec if getattr(o, k) is not None})
+        return LinkSpec(**spec)
 
     def batch_size_of(self, index: int) -> int:
         return next((o.batch_size for o in self.overrides if o.index == index and o.batch_size), self.batch_size)
@@ -185,6 +206,20 @@ class SyncerConfig(Section):
     checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
 
 
+class BlockingConfig(Section):
+    """Settings of the blocking baselines, dp and diloco."""
+
+    reconfigure_s: float = Field(
+        20.0,
+        ge=0,
+        description="Elastic pause: the whole job stops this long each time a learner is lost or returns "
+        "(the constant dlc simulate fits to the paper's elastic-DP goodput).",
+    )
+    dp_codec: Literal["none", "bf16"] = Field(
+        "none", description="dp: encoding of the gradient every learner sends every step (none = fp32)."
+    )
+
+
 class ClusterConfig(Section):
     address: str | None = Field(
         None,
@@ -215,12 +250,14 @@ class Recipe(Section):
     data: DataConfig = Field(default_factory=DataConfig, description="Corpus and splits.")
     learners: LearnersConfig = Field(default_factory=LearnersConfig, description="Learner islands.")
     inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner optimizer (AdamW).")
-    algorithm: Literal["decoupled", "none"] = Field(
+    algorithm: Literal["decoupled", "diloco", "dp", "none"] = Field(
         "decoupled",
-        description="decoupled: Decoupled DiLoCo; none: independent learners that never synchronise "
-        "(a baseline for overhead; no global model to evaluate).",
+        description="decoupled: Decoupled DiLoCo; diloco: blocking DiLoCo (every H steps all learners send "
+        "the whole model and wait); dp: data-parallel (every step all learners send gradients and wait); "
+        "none: independent learners that never synchronise (a baseline for overhead; no global model).",
     )
     syncer: SyncerConfig = Field(default_factory=SyncerConfig, description="Syncer (outer loop).")
+    blocking: BlockingConfig = Field(default_factory=BlockingConfig, description="The dp and diloco baselines.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the processes run (Ray).")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint policy.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")

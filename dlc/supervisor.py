@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from dlc.goodput import Ledger
+from dlc.goodput import STATE_BUCKET, Ledger
 from dlc.recipe import Recipe
 from dlc.rundir import RunDir
 
@@ -50,6 +50,7 @@ class LearnerSlot:
     awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
     leave_at: float | None = None  # a joined learner retires at this monotonic time
     ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
+    waiting_filed: float = 0.0  # of the learner's own waiting_s counter, what the ledger has filed
     finished: bool = False
 
 
@@ -130,7 +131,14 @@ class Supervisor:
         """File each learner's time since the last call under its current state's bucket."""
         now = time.monotonic()
         for i, slot in self.slots.items():
-            self.ledger.tick(i, self.state_of(i), now - slot.ticked_at)
+            state, dt = self.state_of(i), now - slot.ticked_at
+            if STATE_BUCKET.get(state) == "productive":
+                # A training learner blocked on the network or on others (dp, diloco) was waiting.
+                waited = min(max(slot.view.get("waiting_s", 0.0) - slot.waiting_filed, 0.0), dt)
+                slot.waiting_filed += waited
+                self.ledger.tick(i, "waiting", waited)
+                dt -= waited
+            self.ledger.tick(i, state, dt)
             slot.ticked_at = now
 
     def _poll(self, absorb: Any, now: float) -> None:
@@ -181,8 +189,9 @@ class Supervisor:
                 )
                 slot.awaiting_first_push = None
             elif event["kind"] == "push_rejected":
-                # A push carries 1/P of the model's progress over its steps.
-                self.ledger.waste(event["learner"], event.get("steps", 0) * self._step_s(slot) / fragments)
+                # A push carries its share of the model (1/P for a fragment) of the progress of its steps.
+                share = event.get("share", 1.0 / fragments)
+                self.ledger.waste(event["learner"], event.get("steps", 0) * self._step_s(slot) * share)
 
     @staticmethod
     def _step_s(slot: LearnerSlot) -> float:
@@ -243,6 +252,7 @@ class Supervisor:
                 rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
                 rec.actor.start.remote(None, None)
                 slot.handle, slot.recovery, slot.override = rec.actor, None, None
+                slot.waiting_filed = 0.0  # the new process counts its waiting from zero
                 slot.last_seen = time.monotonic()
                 slot.awaiting_first_push = rec.died_at
 
@@ -267,6 +277,12 @@ class Supervisor:
             self.rundir.event(
                 "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
             )
+        elif op in ("degrade_link", "cut_link") and slot is not None and i in self.live():
+            factor = float(request.get("factor") or 10.0) if op == "degrade_link" else None
+            seconds = float(request.get("duration_s") or 10.0)
+            slot.handle.impair_link.remote(factor, seconds)  # the uplink
+            self.syncer.impair_link.remote(i, factor, seconds)  # the downlink
+            self.rundir.event("link_degraded" if factor else "link_cut", learner=i, factor=factor, duration_s=seconds)
         elif op == "leave" and slot is not None and i in self.live():
             slot.handle.stop.remote()
             slot.override = "left"

@@ -75,6 +75,11 @@ class Syncer:
         self.members.add(learner)
         self.heartbeats[learner] = self.clock()
 
+    def rejoin(self, learner: int) -> None:
+        """A restarted learner: a new incarnation whose seqs start again."""
+        self.book.forget_learner(learner)
+        self.join(learner)
+
     def leave(self, learner: int) -> None:
         self.members.discard(learner)
 
@@ -220,6 +225,12 @@ class Syncer:
                 self.book.remember(learner, seq)
 
     # -- views ---------------------------------------------------------------------------------
+
+    def versions(self) -> list[int]:
+        return list(self.book.versions)
+
+    def fingerprint(self) -> str:
+        return self.plan.fingerprint()
 
     def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The global model as a flat dict (shapes from `like`)."""

@@ -41,13 +41,15 @@ from dlc.cli_chaos import chaos_command, latest_run
 from dlc.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
-K, ST, SL, J, L, KS = (
+K, ST, SL, J, L, KS, DL, CL = (
     FaultKind.KILL,
     FaultKind.STALL,
     FaultKind.SLOW,
     FaultKind.JOIN,
     FaultKind.LEAVE,
     FaultKind.KILL_SYNCER,
+    FaultKind.DEGRADE_LINK,
+    FaultKind.CUT_LINK,
 )
 
 
@@ -116,6 +118,12 @@ class FakeTarget:
     def kill_syncer(self) -> None:
         self.calls.append(("kill_syncer",))
 
+    def degrade_link(self, learner: int, factor: float, seconds: float) -> None:
+        self.calls.append(("degrade_link", learner, factor, seconds))
+
+    def cut_link(self, learner: int, seconds: float) -> None:
+        self.calls.append(("cut_link", learner, seconds))
+
     def record(self, entry: dict[str, Any]) -> None:
         self.records.append(entry)
 
@@ -141,10 +149,16 @@ def _phases(target: FakeTarget) -> list[tuple[str, int | None, str]]:
 
 
 def test_every_fault_kind_names_its_mechanism():
-    assert [k.value for k in FaultKind] == ["kill", "stall", "slow", "join", "leave", "kill_syncer"]
+    values = ["kill", "stall", "slow", "join", "leave", "kill_syncer", "degrade_link", "cut_link"]
+    assert [k.value for k in FaultKind] == values
     assert all(k.__doc__ and k.__doc__ != FaultKind.__doc__ for k in FaultKind)
     assert "SIGKILL" in K.__doc__ and "SIGSTOP" in ST.__doc__ and "SIGCONT" in ST.__doc__
     assert "SIGKILL" in KS.__doc__ and "step time" in SL.__doc__
+    assert "bandwidth" in DL.__doc__ and "latency" in DL.__doc__ and "queue" in CL.__doc__
+    # Link faults act on one learner for a while, and leave it training (the quorum guardrail ignores them).
+    assert all(k.needs_learner and k.has_duration and not k.takes_learner_out for k in (DL, CL))
+    assert Fault(1, DL, 2, 30, 10).describe() == "link bandwidth /10, latency x10 for 30 s"
+    assert Fault(1, CL, 2, 10).describe() == "link cut for 10 s, messages held until it returns"
 
 
 def test_same_seed_same_faults_and_streams_do_not_disturb_each_other():
@@ -202,6 +216,54 @@ def test_join_and_syncer_rates_are_per_run_and_timeline_defaults_fill_in():
     joins, syncer = [f for f in faults if f.kind is J], [f for f in faults if f.kind is KS]
     assert 0 < len(joins) <= 23 and 0 < len(syncer) <= 14
     assert all(f.learner is None and f.duration_s == 11 for f in joins)
+
+
+def test_link_faults_are_drawn_at_their_rates_with_the_plans_factor_and_durations():
+    # 1 degradation and 0.5 cuts per learner per minute, 4 learners, 540 s after a 60 s warm-up: Poisson
+    # counts with means 1 * 4 * 9 = 36 (sd 6) and 0.5 * 4 * 9 = 18 (sd 4.2). One seed: within 4 sd.
+    links = {"degrade_link_per_learner_per_min": 1.0, "degrade_link_factor": 8, "degrade_link_for_s": 12,
+             "cut_link_per_learner_per_min": 0.5, "cut_link_for_s": 4, "duration_s": 600, "warmup_s": 60}  # fmt: skip
+    plan = _plan(**links)
+    draws = [faults_until(plan, [0, 1, 2, 3], random.Random(seed), 600) for seed in range(40)]
+    degrades = [sum(f.kind is DL for f in d) for d in draws]
+    cuts = [sum(f.kind is CL for f in d) for d in draws]
+    assert all(12 <= n <= 60 for n in degrades) and all(1 <= n <= 35 for n in cuts)
+    # Means of 40 seeds: sd 6 / sqrt(40) = 0.95 and 4.2 / sqrt(40) = 0.67; within 4 sd of 36 and 18.
+    assert 32.2 <= sum(degrades) / 40 <= 39.8 and 15.3 <= sum(cuts) / 40 <= 20.7
+    faults = draws[0]
+    assert {f.learner for f in faults} == {0, 1, 2, 3}
+    assert all(60 < f.at_s <= 600 and f.origin == "poisson" for f in faults)
+    assert all((f.factor, f.duration_s) == ((8.0, 12.0) if f.kind is DL else (None, 4.0)) for f in faults)
+    # The same seed gives the same faults, and adding link faults leaves every kill where it was.
+    assert faults == faults_until(plan, [0, 1, 2, 3], random.Random(0), 600)
+    kills = {"kill_per_learner_per_min": 1.0, "duration_s": 600, "warmup_s": 60}
+    alone = faults_until(_plan(**kills), [0, 1, 2, 3], random.Random(0), 600)
+    mixed = faults_until(_plan(**links, **{"kill_per_learner_per_min": 1.0}), [0, 1, 2, 3], random.Random(0), 600)
+    assert alone and [f for f in mixed if f.kind is K] == alone
+
+
+def test_link_faults_in_a_plan_file_take_the_plans_defaults(tmp_path: Path):
+    file = tmp_path / "links.yaml"
+    file.write_text(
+        "degrade_link_per_learner_per_min: 0.5\ndegrade_link_factor: 6\ndegrade_link_for_s: 25\n"
+        "cut_link_per_learner_per_min: 1\ncut_link_for_s: 7\ntimeline:\n"
+        "  - {at_s: 1, fault: degrade_link, learner: 0}\n"
+        "  - {at_s: 2, fault: degrade_link, learner: 1, factor: 2.5, duration_s: 9}\n"
+        "  - {at_s: 3, fault: cut_link, learner: 2}\n"
+        "  - {at_s: 4, fault: cut_link, learner: 3, duration_s: 1.5}\n"
+    )
+    plan = load_plan(file)
+    assert [plan.fault_of(e) for e in plan.timeline] == [
+        Fault(1, DL, 0, 25, 6),
+        Fault(2, DL, 1, 9, 2.5),
+        Fault(3, CL, 2, 7, None),
+        Fault(4, CL, 3, 1.5, None),
+    ]
+    assert plan.summary().startswith("degrade_link 0.5/learner/min x6 for 25 s, cut_link 1/learner/min for 7 s")
+    defaults = plan_from_dict({})
+    assert (defaults.degrade_link_per_learner_per_min, defaults.degrade_link_factor, defaults.degrade_link_for_s,
+            defaults.cut_link_per_learner_per_min, defaults.cut_link_for_s) == (0, 10, 30, 0, 10)  # fmt: skip
+    assert defaults.fault_of(plan.timeline[0]) == Fault(1, DL, 0, 30, 10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +415,36 @@ def test_every_kind_reaches_the_target_and_failures_are_recorded():
     assert target.records[2]["target"] == "syncer" and target.records[2]["learner"] is None
 
 
+def test_link_faults_reach_the_target_and_leave_the_quorum_alone():
+    clock = FakeClock()
+    target = FakeTarget(clock, learners=4, quorum=4)  # taking any learner out would break quorum
+    timeline = [
+        {"at_s": 1, "fault": "degrade_link", "learner": 0, "duration_s": 5},  # in flight until 6
+        {"at_s": 2, "fault": "cut_link", "learner": 1},  # cut_link_for_s=10: in flight until 12
+        {"at_s": 3, "fault": "kill", "learner": 2},  # 4 healthy -> 3 < 4: refused
+        {"at_s": 4, "fault": "degrade_link", "learner": 0},  # learner 0's degradation is in flight: refused
+        {"at_s": 7, "fault": "degrade_link", "learner": 0, "factor": 3},  # fired
+    ]
+    controller = _run(_plan(timeline=timeline, duration_s=20), target, clock)
+    assert target.calls == [("degrade_link", 0, 10.0, 5.0), ("cut_link", 1, 10.0), ("degrade_link", 0, 3.0, 30.0)]
+    assert controller.report.fired == Counter({DL: 2, CL: 1})
+    assert controller.report.refused == Counter({K: 1, DL: 1})
+    assert "would leave 3 healthy learner(s), below quorum 4" in target.records[2]["detail"]
+    assert "learner 0 already has a degrade_link in flight" in target.records[3]["detail"]
+    assert target.records[0]["detail"] == "link bandwidth /10, latency x10 for 5 s"
+    assert target.records[0]["factor"] == 10.0 and target.records[0]["duration_s"] == 5.0
+    assert target.records[1] == {
+        "fault": "cut_link",
+        "target": "learner 1",
+        "learner": 1,
+        "phase": "injected",
+        "detail": "link cut for 10 s, messages held until it returns",
+        "at_s": 2.0,
+        "origin": "timeline",
+        "duration_s": 10.0,
+    }
+
+
 def test_fired_counts_match_the_schedule():
     clock = FakeClock()
     target = FakeTarget(clock, learners=4, quorum=0)
@@ -451,7 +543,17 @@ def _tl(**entry: Any) -> dict[str, Any]:
         (_tl(at_s=1, fault="kill_syncer", learner=0), "kill_syncer acts on the syncer"),
         (_tl(at_s=1, fault="stall", learner=0, until_end=True), "a stall cannot last until_end"),
         (_tl(at_s=1, fault="kill", learner=0, duration_s=3), "kill is instantaneous and takes no duration_s"),
-        (_tl(at_s=1, fault="stall", learner=0, factor=2), "factor is for slow, not stall"),
+        (_tl(at_s=1, fault="stall", learner=0, factor=2), "factor is for slow or degrade_link, not stall"),
+        (_tl(at_s=1, fault="cut_link", learner=0, factor=2), "factor is for slow or degrade_link, not cut_link"),
+        (_tl(at_s=1, fault="degrade_link"), "timeline[0]: degrade_link needs a learner: add learner: N"),
+        (_tl(at_s=1, fault="cut_lnk", learner=0), "'cut_lnk' is not a fault kind: did you mean cut_link?"),
+        (_tl(at_s=1, fault="degrade_link", learner=0, factor=0.5), "timeline[0].factor=0.5: Input should be greater"),
+        (_tl(at_s=1, fault="cut_link", learner=0, until_end=True), "a cut_link cannot last until_end"),
+        (_tl(at_s=1, fault="degrade_link", learner=0, until_end=True), "set learners.bandwidth_mbps"),
+        ({"degrade_link_factor": 1}, "degrade_link_factor=1: Input should be greater than 1"),
+        ({"cut_link_for_s": 0}, "cut_link_for_s=0: Input should be greater than 0"),
+        ({"link_factor": 4}, "unknown key link_factor: did you mean degrade_link_factor?"),
+        ({"cut_link_rate": 1}, "unknown key cut_link_rate: did you mean cut_link_per_learner_per_min?"),
         ({"timeline": ["kill learner 2"]}, "timeline[0]='kill learner 2' is not a mapping: write it as {at_s: 30"),
         ({"duration_s": 60, **_tl(at_s=90, fault="join")}, "timeline[0].at_s=90 is after duration_s=60"),
         ({"slow_factor": 0.5}, "slow_factor=0.5: Input should be greater than 1"),
@@ -483,7 +585,7 @@ def test_plan_files_overrides_and_option_names(tmp_path: Path):
 
 def test_shipped_plans_load_and_fit_the_tiny_recipe():
     plans = {name: load_plan(name) for name in shipped_plans()}
-    assert set(plans) == {"kill_storm", "stragglers", "heterogeneous", "mixed"}
+    assert set(plans) == {"kill_storm", "stragglers", "heterogeneous", "mixed", "thin_links"}
     for plan in plans.values():
         plan.check_learners([0, 1, 2, 3])
         assert plan.description and not plan.is_empty() and not plan.dry_run
@@ -492,6 +594,14 @@ def test_shipped_plans_load_and_fit_the_tiny_recipe():
     hetero = [plans["heterogeneous"].fault_of(e) for e in plans["heterogeneous"].timeline]
     assert hetero and all(f.kind is SL and f.duration_s is None for f in hetero)  # slow for the whole run
     assert {e.fault for e in plans["mixed"].timeline} >= {J, L, KS}
+    thin = plans["thin_links"]
+    assert {e.fault for e in thin.timeline} == {DL, CL} and thin.degrade_link_factor == 10
+    assert thin.degrade_link_per_learner_per_min > 0 and thin.cut_link_per_learner_per_min > 0
+    # Its scripted degradation and cut both fire (seed 0), within its guardrails.
+    clock = FakeClock()
+    target = FakeTarget(clock)
+    _run(thin, target, clock)
+    assert ("degrade_link", 1, 10.0, 60.0) in target.calls and ("cut_link", 3, 10.0) in target.calls
     # Firing the heterogeneous plan applies every slow-down at once, within its guardrails.
     clock = FakeClock()
     target = FakeTarget(clock)
@@ -636,6 +746,17 @@ def test_run_dir_target_acts_through_the_run_directory(tmp_path: Path, spawn):
     assert recorded[0]["fault"] == "kill" and recorded[0]["t"] > 1e9 and recorded[1]["t"] == 5.0
 
 
+def test_run_dir_target_asks_the_driver_to_degrade_or_cut_a_link(tmp_path: Path):
+    target = RunDirTarget(tmp_path, clock=lambda: 1234.5)
+    target.degrade_link(2, 10.0, 30.0)
+    target.cut_link(3, 10.0)
+    lines = [json.loads(x) for x in (tmp_path / CONTROL_FILE).read_text().splitlines()]
+    assert lines == [
+        {"t": 1234.5, "op": "degrade_link", "learner": 2, "factor": 10.0, "duration_s": 30.0},
+        {"t": 1234.5, "op": "cut_link", "learner": 3, "duration_s": 10.0},
+    ]
+
+
 def test_run_dir_target_tolerates_missing_stale_and_finished_status(tmp_path: Path):
     target = RunDirTarget(tmp_path)
     assert target.learners() == [] and not target.running()
@@ -686,6 +807,22 @@ def test_dry_run_against_a_run_directory_touches_nothing(tmp_path: Path, spawn):
     assert [json.loads(x)["phase"] for x in (tmp_path / CHAOS_FILE).read_text().splitlines()] == ["dry_run"] * 2
 
 
+def test_dry_run_lists_link_faults_and_requests_nothing(tmp_path: Path):
+    _write_status(tmp_path, {0: 4242, 1: 4243})
+    clock = FakeClock()
+    plan = _plan(dry_run=True, duration_s=10, timeline=[{"at_s": 1, "fault": "degrade_link", "learner": 0},
+                                                        {"at_s": 2, "fault": "cut_link", "learner": 1,
+                                                         "duration_s": 3}])  # fmt: skip
+    report = Controller(plan, RunDirTarget(tmp_path), clock=clock, sleep=clock.sleep).run()
+    assert report.counts["dry_run"] == Counter({DL: 1, CL: 1}) and not report.fired
+    assert not (tmp_path / CONTROL_FILE).exists()
+    recorded = [json.loads(x) for x in (tmp_path / CHAOS_FILE).read_text().splitlines()]
+    assert [(r["fault"], r["learner"], r["phase"], r["detail"]) for r in recorded] == [
+        ("degrade_link", 0, "dry_run", "would link bandwidth /10, latency x10 for 30 s"),
+        ("cut_link", 1, "dry_run", "would link cut for 3 s, messages held until it returns"),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The command
 
@@ -700,6 +837,9 @@ def _args(**kw: Any) -> dict[str, Any]:
             "slow_rate",
             "slow_factor",
             "slow_for",
+            "degrade_link_rate",
+            "link_factor",
+            "cut_link_rate",
             "plan",
             "seed",
             "duration",
@@ -721,7 +861,7 @@ def test_chaos_command_dry_run_on_the_latest_run(tmp_path: Path, monkeypatch, ca
     plan.write_text("warmup_s: 0\ntimeline:\n  - {at_s: 0, fault: kill, learner: 0}\n  - {at_s: 0.1, fault: join}\n")
     chaos_command(**_args(plan=plan, dry_run=True, duration=2.0))
     out = capsys.readouterr().out
-    assert "kill        learner 0   would SIGKILL" in out and "[dry_run]" in out
+    assert "kill         learner 0   would SIGKILL" in out and "[dry_run]" in out
     assert out.splitlines()[-2].split() == ["total", "0", "1", "1", "0"]  # the join comes within min_gap_s: refused
     assert victim.poll() is None and not (new / CONTROL_FILE).exists()
     assert len((new / CHAOS_FILE).read_text().splitlines()) == 2 and not (old / CHAOS_FILE).exists()
@@ -745,3 +885,33 @@ def test_chaos_command_reports_bad_input(tmp_path: Path, monkeypatch):
     _write_status(run, {0: 4242, 1: 4243})
     with pytest.raises(UserError, match="targets learner 2"):
         chaos_command(**_args(run=run, plan=REPO / "chaos" / "plans" / "kill_storm.yaml"))
+
+
+def test_chaos_command_link_flags(tmp_path: Path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dlc.cli import app
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["chaos", "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and all(f in shown.stdout for f in ("--degrade-link-rate", "--link-factor",
+                                                                    "--cut-link-rate"))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    bad = runner.invoke(app, ["chaos", "--degrade-link-rate", "1", "--link-factor", "1"])
+    assert bad.exit_code == 2 and "--link-factor=1.0: Input should be greater than 1" in bad.stderr
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    _write_status(run, {0: 4242, 1: 4243, 2: 4244})
+    plan = tmp_path / "links.yaml"
+    plan.write_text(
+        "warmup_s: 0\nmin_gap_s: 0\nmax_concurrent: 2\ntimeline:\n  - {at_s: 0, fault: degrade_link, learner: 1}\n"
+        "  - {at_s: 0, fault: cut_link, learner: 2, duration_s: 4}\n"
+    )
+    flags = ["--degrade-link-rate", "0.5", "--link-factor", "4", "--cut-link-rate", "0.25"]
+    result = runner.invoke(app, ["chaos", "r1", "--plan", str(plan), *flags, "--duration", "0.3", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    summary = "degrade_link 0.5/learner/min x4 for 30 s, cut_link 0.25/learner/min for 10 s, 2 timeline fault(s)"
+    assert summary in result.stderr
+    assert "degrade_link learner 1   would link bandwidth /4, latency x4 for 30 s [dry_run]" in result.stdout
+    assert "cut_link     learner 2   would link cut for 4 s, messages held until it returns [dry_run]" in result.stdout
+    assert not (run / CONTROL_FILE).exists()

@@ -1,0 +1,209 @@
+"""The blocking baselines without Ray: dp's averaged step, the barrier, and the elastic pauses."""
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from dlc.barrier import AdamWStep, BarrierSyncer, OuterStep
+from dlc.blocking import Contribution, DataParallelSync
+from dlc.codec import get_codec
+from dlc.inner import make_grad_step, make_optimizer, make_train_step
+from dlc.inprocess import Direct, FakeClock
+from dlc.learner import Learner
+from dlc.model import flatten_params
+from dlc.recipe import Recipe
+from dlc.transport import Transport
+
+SMALL = {
+    "run": {"max_steps": 10},
+    "model": {"width": 16, "num_layers": 1, "num_heads": 2, "context_len": 16},
+    "learners": {"count": 2, "batch_size": 4, "seq_len": 16},
+    "inner": {"warmup_steps": 0, "lr": 1e-3},
+    "blocking": {"reconfigure_s": 5.0},
+}
+
+
+def stream(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=20_000, dtype=np.uint8)
+
+
+def test_dp_average_is_one_step_on_the_concatenated_batch():
+    recipe = Recipe.model_validate(SMALL)
+    learners = [Learner(recipe, i, stream(i)) for i in range(2)]
+    batches = []
+    for learner in learners:  # peek at the batch each learner will take
+        position = learner.stream.position
+        batches.append(learner.stream.next_batch())
+        learner.stream.position = position
+    initial = flatten_params(learners[0].params)
+
+    syncer_box = {}
+    syncer = BarrierSyncer(
+        recipe, initial, lambda i, m: syncs[i].receive(m) or m.payload.nbytes, FakeClock(), AdamWStep, "none", "tokens"
+    )
+    syncer_box["push"] = Direct(syncer.push)
+    syncs = [DataParallelSync(recipe, learner, Transport(), type("S", (), syncer_box)) for learner in learners]
+    for i in range(2):
+        syncer.join(i)
+    syncer.tick()  # admits both and sends them version 0
+    stop = threading.Event()
+    threads = [threading.Thread(target=sync.step, args=(stop,)) for sync in syncs]
+    for t in threads:
+        t.start()
+    for _ in range(2000):
+        syncer.tick()
+        if not any(t.is_alive() for t in threads):
+            break
+        threading.Event().wait(0.005)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert syncer.version == 1 and all(sync.version == 1 for sync in syncs)
+
+    # The same step in one process, on both batches at once.
+    x = np.concatenate([b[0] for b in batches])
+    y = np.concatenate([b[1] for b in batches])
+    reference = Learner(recipe, 0, stream(0))
+    _, grads, _ = make_grad_step(reference.graphdef)(reference.params, x, y)
+    mean = sum(
+        np.float32(0.5) * syncer.codec.decode(get_codec("none").encode(syncs[0].flat(g)))
+        for g in [jax.device_get(make_grad_step(reference.graphdef)(reference.params, *b)[1]) for b in batches]
+    )
+    np.testing.assert_allclose(mean, syncs[0].flat(jax.device_get(grads)), rtol=1e-4, atol=1e-7)
+    optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
+    params, _, _ = make_train_step(reference.graphdef, optimizer)(reference.params, reference.opt_state, x, y)
+    expected = syncs[0].flat(jax.device_get(params))
+    np.testing.assert_allclose(syncer.theta[0], expected, atol=1e-6)
+    # Every learner holds the new global model.
+    for learner in learners:
+        np.testing.assert_array_equal(syncs[0].flat(learner.params), syncer.theta[0])
+
+
+def make_barrier(members=3):
+    recipe = Recipe.model_validate(
+        {**SMALL, "learners": {**SMALL["learners"], "count": members}, "syncer": {"codec": "none"}}
+    )
+    initial = {"w": np.zeros((4, 2), np.float32)}
+    clock = FakeClock()
+    sent = []
+    syncer = BarrierSyncer(
+        recipe, initial, lambda i, m: sent.append((i, m.version)) or 0, clock, OuterStep, "none", "tokens_per_step"
+    )
+    for i in range(members):
+        syncer.join(i)
+    return syncer, clock, sent
+
+
+def contribution(learner, version, value=1.0, tokens=64):
+    payload = get_codec("none").encode(np.full(8, value, np.float32))
+    return Contribution(learner, version, seq=version, steps=1, tokens=tokens, payload=payload, sent_at=0.0)
+
+
+def contribute(syncer, learners, value=1.0):
+    for i in learners:
+        syncer.heartbeat(i)
+        syncer.push(contribution(i, syncer.version, value))
+
+
+def test_the_barrier_waits_for_every_member_and_the_job_start_has_no_pause():
+    syncer, clock, sent = make_barrier()
+    syncer.tick()
+    assert syncer.members == {0, 1, 2} and syncer.pauses == 0
+    assert sorted(sent) == [(0, 0), (1, 0), (2, 0)]
+    contribute(syncer, [0, 1])
+    assert syncer.tick() == 0  # learner 2 has not sent: everyone waits
+    contribute(syncer, [2], value=4.0)
+    assert syncer.tick() == 1 and syncer.version == 1
+    np.testing.assert_allclose(syncer.theta[0], -2.0)  # outer lr 1: minus the mean (1 + 1 + 4) / 3
+    assert sent[-3:] == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_a_failure_pauses_once_then_the_survivors_go_on():
+    syncer, clock, sent = make_barrier()
+    syncer.tick()
+    contribute(syncer, [0, 2])
+    syncer.leave(1)  # the driver saw learner 1 die
+    assert syncer.pauses == 1 and syncer.members == {0, 2}
+    clock.now += 4.9
+    assert syncer.tick() == 0  # survivors have sent, but the job is reconfiguring
+    clock.now += 0.2
+    syncer.heartbeat(0), syncer.heartbeat(2)
+    assert syncer.tick() == 1 and syncer.pauses == 1
+    contribute(syncer, [0, 2])
+    assert syncer.tick() == 1 and syncer.pauses == 1  # no further pause without a change
+
+
+def test_a_return_pauses_once_and_the_newcomer_gets_the_model_after_the_pause():
+    syncer, clock, sent = make_barrier()
+    syncer.tick()
+    syncer.leave(1)
+    clock.now += 6.0
+    syncer.rejoin(1)  # restarted and state copied: it asks to come back
+    contribute(syncer, [0, 2])
+    assert syncer.tick() == 1 and syncer.version == 1
+    assert syncer.pauses == 2 and syncer.members == {0, 1, 2}
+    assert (1, 1) not in sent  # version 1 goes out when the reconfiguration is over
+    clock.now += 5.1
+    for i in range(3):
+        syncer.heartbeat(i)
+    syncer.tick()
+    assert sorted(m for m, v in sent if v == 1) == [0, 1, 2]
+    contribute(syncer, [0, 1, 2])
+    assert syncer.tick() == 1 and syncer.pauses == 2
+
+
+def test_silence_drops_a_member_once_and_changes_during_a_pause_fold_into_it():
+    syncer, clock, sent = make_barrier(members=4)
+    syncer.tick()
+    clock.now += 6.0  # past heartbeat_timeout_s (5 s) for learners 2 and 3
+    syncer.heartbeat(0), syncer.heartbeat(1)
+    syncer.tick()
+    assert syncer.members == {0, 1} and syncer.pauses == 1
+    syncer.leave(1)  # during the pause: folded into it
+    assert syncer.pauses == 1
+    syncer.tick()
+    assert syncer.pauses == 1
+    kinds = [e["kind"] for e in syncer.drain_events()]
+    assert kinds.count("reconfigure") == 1 and kinds.count("reconfigure_folded") == 1
+
+
+def test_a_thawed_member_is_readmitted_and_stale_contributions_are_rejected():
+    syncer, clock, sent = make_barrier(members=2)
+    syncer.tick()
+    contribute(syncer, [0])
+    clock.now += 6.0
+    syncer.heartbeat(0)
+    syncer.tick()  # learner 1 froze: dropped, pause
+    clock.now += 5.1
+    syncer.heartbeat(0)
+    assert syncer.tick() == 1  # learner 0 alone closes version 1
+    syncer.heartbeat(1)  # thawed
+    syncer.push(contribution(1, 0))  # what it computed before it froze
+    assert syncer.rejections == {"not_member": 1}
+    syncer.tick()
+    assert 1 in syncer.joining  # admitted when the current version closes
+    contribute(syncer, [0])
+    assert syncer.tick() == 1 and syncer.members == {0, 1} and syncer.pauses == 2
+
+
+@pytest.mark.parametrize("combiner", [AdamWStep, OuterStep])
+def test_barrier_checkpoint_state_round_trips(combiner):
+    recipe = Recipe.model_validate(SMALL)
+    learner = Learner(recipe, 0, stream(0))
+    initial = flatten_params(learner.params)
+    codec = "none"
+    a = BarrierSyncer(recipe, initial, lambda i, m: 0, FakeClock(), combiner, codec, "tokens")
+    a.join(0)
+    a.tick()
+    size = a.theta[0].size
+    a.push(Contribution(0, 0, 0, 1, 64, get_codec("none").encode(np.full(size, 0.01, np.float32)), 0.0))
+    a.tick()
+    tree, meta = a.state()
+    b = BarrierSyncer(recipe, initial, lambda i, m: 0, FakeClock(), combiner, codec, "tokens")
+    b.load(tree, meta)
+    assert b.version == 1
+    np.testing.assert_array_equal(b.theta[0], a.theta[0])
+    for key, value in a.combiner.state().items():
+        np.testing.assert_array_equal(b.combiner.state()[key], value)

@@ -26,6 +26,7 @@ class LearnerSync(Protocol):
     pushes: int
     adopted: int
     waiting_s: float  # time the loop spent blocked on the network or on other learners
+    idle: Callable[[], None] | None  # called now and then while blocked
 
     def step(self, stop: threading.Event) -> list[dict[str, Any]]: ...
     def receive(self, message: Any) -> None: ...
@@ -54,6 +55,7 @@ class NoSync:
     pushes = 0
     adopted = 0
     waiting_s = 0.0
+    idle = None
 
     def __init__(self, recipe: Recipe, learner: Learner, *args: Any) -> None:
         self.learner = learner
@@ -131,9 +133,11 @@ def _barrier_syncer(combiner: str) -> Callable[..., Any]:
     ) -> Any:
         from dlc.barrier import AdamWStep, BarrierSyncer, OuterStep
 
-        if combiner == "adamw":  # dp: gradients, weighted by tokens as one batch would be
-            return BarrierSyncer(recipe, initial, deliver, clock, AdamWStep, recipe.blocking.dp_codec, "tokens")
-        return BarrierSyncer(recipe, initial, deliver, clock, OuterStep, recipe.syncer.codec, recipe.syncer.weighting)
+        if combiner == "adamw":  # dp: gradients up and the model down in dp_codec, weighted as one batch
+            codec = recipe.blocking.dp_codec
+            return BarrierSyncer(recipe, initial, deliver, clock, AdamWStep, codec, codec, "tokens")
+        sync = recipe.syncer
+        return BarrierSyncer(recipe, initial, deliver, clock, OuterStep, sync.codec, sync.down_codec, sync.weighting)
 
     return make
 

@@ -246,7 +246,9 @@ def recipe_traffic(recipe: Any) -> dict[str, float]:
 
     Exact codec sizes of the recipe's own fragments: each fragment goes up once every H steps;
     down, each fragment comes back once per round, one round per fragment every H steps when
-    rounds merge every learner (more rounds, and more bytes down, when they do not).
+    rounds merge every learner (more rounds, and more bytes down, when they do not). diloco
+    sends the whole model every H steps, dp its gradient every step (and gets the model back);
+    none sends nothing.
     """
     from dlc.codec import get_codec
     from dlc.fragments import FragmentPlan, shapes_of
@@ -254,12 +256,19 @@ def recipe_traffic(recipe: Any) -> dict[str, float]:
 
     sync = recipe.syncer
     shapes = shapes_of(flatten_params(build_model(recipe.model, recipe.run.seed)[1]))
-    plan = FragmentPlan.build(shapes, sync.fragments)
-    up, down = get_codec(sync.codec, sync.codec_block_values), get_codec(sync.down_codec)
+    fragments, interval, codec = {
+        "decoupled": (sync.fragments, sync.sync_interval_steps, sync.codec),
+        "diloco": (1, sync.sync_interval_steps, sync.codec),
+        "dp": (1, 1, recipe.blocking.dp_codec),
+    }.get(recipe.algorithm, (1, 1, "none"))
+    plan = FragmentPlan.build(shapes, fragments)
+    up = get_codec(codec, sync.codec_block_values)
+    down = get_codec(recipe.blocking.dp_codec if recipe.algorithm == "dp" else sync.down_codec)
     sizes = [plan.size(p) for p in range(plan.num_fragments)]
     params = plan.total_size
-    up_bytes = sum(up.encoded_nbytes(n) for n in sizes) / sync.sync_interval_steps
-    down_bytes = sum(down.encoded_nbytes(n) for n in sizes) / sync.sync_interval_steps
+    sends = 0.0 if recipe.algorithm == "none" else 1.0
+    up_bytes = sends * sum(up.encoded_nbytes(n) for n in sizes) / interval
+    down_bytes = sends * sum(down.encoded_nbytes(n) for n in sizes) / interval
     return {
         "params": params,
         "up_bytes_per_step": up_bytes,

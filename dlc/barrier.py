@@ -28,6 +28,7 @@ from dlc.codec import get_codec
 from dlc.fragments import FragmentPlan, shapes_of
 from dlc.outer import OuterNesterov, merge_weights
 from dlc.recipe import Recipe
+from dlc.syncer import counter_status
 
 Deliver = Callable[[int, GlobalModel], int]
 
@@ -120,6 +121,7 @@ class BarrierSyncer:
         clock: Callable[[], float],
         combiner: Callable[[Recipe, FragmentPlan, dict[str, np.ndarray]], Combiner],
         codec: str,
+        down_codec: str,
         weighting: str,
     ) -> None:
         self.cfg = recipe.syncer
@@ -129,7 +131,7 @@ class BarrierSyncer:
         self.combiner = combiner(recipe, self.plan, initial)
         self.weighting = weighting
         self.codec = get_codec(codec, self.cfg.codec_block_values)
-        self.down_codec = get_codec(self.cfg.down_codec)
+        self.down_codec = get_codec(down_codec)
         self.deliver = deliver
         self.clock = clock
         self.version = 0
@@ -320,14 +322,8 @@ class BarrierSyncer:
             "pauses": self.pauses,
             "paused_s": round(self.paused_s, 3),
             "grace_window_s": 0.0,
-            "rounds_closed": self.rounds_closed,
-            "mean_contributors": round(self.contributions / self.rounds_closed, 3) if self.rounds_closed else 0.0,
-            "pushes_accepted": self.accepted,
             "rejections": dict(self.rejections),
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "contributed": {str(k): v for k, v in sorted(self.contributed.items())},
-            "last_push_age_s": {str(k): round(now - t, 3) for k, t in self.last_push_at.items()},
+            **counter_status(self, now),
         }
 
     def drain_events(self) -> list[dict[str, Any]]:

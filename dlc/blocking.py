@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,7 @@ class BlockingLearnerSync:
         self.plan = FragmentPlan.build(shapes_of(self.host), 1)
         codec = recipe.blocking.dp_codec if self.gradient else recipe.syncer.codec
         self.codec = get_codec(codec, recipe.syncer.codec_block_values)
-        self.down_codec = get_codec(recipe.syncer.down_codec)
+        self.down_codec = get_codec(recipe.blocking.dp_codec if self.gradient else recipe.syncer.down_codec)
         self.inbox: queue.SimpleQueue[GlobalModel] = queue.SimpleQueue()
         self.version: int | None = None  # None: not admitted yet, the next model is the first
         self.anchor: np.ndarray | None = None
@@ -76,8 +77,10 @@ class BlockingLearnerSync:
         self.seq = 0
         self.pushes = 0
         self.adopted = 0
-        self.waiting_s = 0.0
+        self._waited_s = 0.0
+        self._waiting_since: float | None = None
         self.outstanding: Contribution | None = None  # sent, its version's model not yet received
+        self.idle: Callable[[], None] | None = None  # called while waiting (serves peers' state copies)
         self._lock = threading.Lock()
 
     # -- the loop's step ---------------------------------------------------------------------
@@ -124,12 +127,14 @@ class BlockingLearnerSync:
 
     def _await_model(self, stop: threading.Event) -> bool:
         """Block until a global model newer than the one held arrives (or any, when not admitted)."""
-        started = time.monotonic()
+        self._waiting_since = time.monotonic()
         try:
             while not stop.is_set():
                 try:
                     message = self.inbox.get(timeout=0.05)
                 except queue.Empty:
+                    if self.idle is not None:
+                        self.idle()
                     continue
                 if self.version is not None and message.version < self.version:
                     continue  # older than the model this learner holds
@@ -139,7 +144,14 @@ class BlockingLearnerSync:
                 return True
             return False
         finally:
-            self.waiting_s += time.monotonic() - started
+            self._waited_s += time.monotonic() - self._waiting_since
+            self._waiting_since = None
+
+    @property
+    def waiting_s(self) -> float:
+        """Seconds spent waiting for the global model so far, the wait in progress included."""
+        since = self._waiting_since
+        return self._waited_s + (time.monotonic() - since if since is not None else 0.0)
 
     def adopt(self, message: GlobalModel) -> None:
         vector = self.down_codec.decode(message.payload)

@@ -357,7 +357,8 @@ def _recipe_traffic(path: Path, json_out: bool) -> None:
     from dlc.bandwidth import recipe_traffic
     from dlc.recipe import load_recipe
 
-    traffic = recipe_traffic(load_recipe(path))
+    recipe = load_recipe(path)
+    traffic = recipe_traffic(recipe)
     if json_out:
         typer.echo(json.dumps({k: round(v, 3) for k, v in traffic.items()}))
         return
@@ -366,10 +367,10 @@ def _recipe_traffic(path: Path, json_out: bool) -> None:
         ["down (syncer -> learner)", f"{traffic['down_bytes_per_step']:,.1f}"],
         ["one fp32 gradient", f"{traffic['fp32_gradient_bytes']:,.0f}"],
     ]
-    ratio = 1 / traffic["up_vs_fp32_gradient"]
+    share = traffic["up_vs_fp32_gradient"]
     print_table(
-        f"{path}: {traffic['params']:,} parameters",
+        f"{path}: algorithm {recipe.algorithm}, {traffic['params']:,} parameters",
         ["per learner step", "bytes"],
         table,
-        f"up is 1/{ratio:.0f} of an fp32 gradient per step",
+        f"up is 1/{1 / share:.0f} of an fp32 gradient per step" if share else "nothing is sent",
     )

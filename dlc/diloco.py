@@ -83,6 +83,7 @@ class DecoupledLearnerSync:
     # -- the protocol -------------------------------------------------------------------------
 
     waiting_s = 0.0  # never blocks: pushes go out and merged fragments come in while it trains
+    idle = None
 
     def step(self, stop: threading.Event) -> list[dict[str, Any]]:
         self.learner.train_step()

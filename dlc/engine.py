@@ -96,6 +96,7 @@ class LearnerWorker:
         self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed)  # this learner's uplink
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
+        self.sync.idle = self._serve_export  # a learner blocked on the others still serves state copies
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
         # names one push for the whole run, also across syncer restarts.
         self.sync.seq = incarnation * SEQ_STRIDE

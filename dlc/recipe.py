@@ -216,7 +216,9 @@ class BlockingConfig(Section):
         "(the constant dlc simulate fits to the paper's elastic-DP goodput).",
     )
     dp_codec: Literal["none", "bf16"] = Field(
-        "none", description="dp: encoding of the gradient every learner sends every step (none = fp32)."
+        "none",
+        description="dp: encoding of the gradient every learner sends every step and of the model it gets back "
+        "(none = fp32).",
     )
 
 

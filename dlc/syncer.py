@@ -25,6 +25,20 @@ EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
 Deliver = Callable[[int, MergedFragment], int]  # (learner, message) -> bytes sent
 
 
+def counter_status(syncer: Any, now: float) -> dict[str, Any]:
+    """The counters every syncer (this one, dlc.barrier's) reports in its status."""
+    rounds = syncer.rounds_closed
+    return {
+        "rounds_closed": rounds,
+        "mean_contributors": round(syncer.contributions / rounds, 3) if rounds else 0.0,
+        "pushes_accepted": syncer.accepted,
+        "bytes_up": syncer.bytes_up,
+        "bytes_down": syncer.bytes_down,
+        "contributed": {str(k): v for k, v in sorted(syncer.contributed.items())},
+        "last_push_age_s": {str(k): round(now - t, 3) for k, t in syncer.last_push_at.items()},
+    }
+
+
 class Syncer:
     def __init__(
         self,
@@ -246,14 +260,8 @@ class Syncer:
             "quorum": self.cfg.quorum,
             "healthy": sorted(self.healthy()),
             "grace_window_s": round(self.book.grace.window_s(), 4),
-            "rounds_closed": self.rounds_closed,
-            "mean_contributors": round(self.contributions / self.rounds_closed, 3) if self.rounds_closed else 0.0,
-            "pushes_accepted": self.accepted,
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "contributed": {str(k): v for k, v in sorted(self.contributed.items())},
-            "last_push_age_s": {str(k): round(now - t, 3) for k, t in self.last_push_at.items()},
+            **counter_status(self, now),
         }
 
     def drain_events(self) -> list[dict[str, Any]]:

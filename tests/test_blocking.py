@@ -40,9 +40,8 @@ def test_dp_average_is_one_step_on_the_concatenated_batch():
     initial = flatten_params(learners[0].params)
 
     syncer_box = {}
-    syncer = BarrierSyncer(
-        recipe, initial, lambda i, m: syncs[i].receive(m) or m.payload.nbytes, FakeClock(), AdamWStep, "none", "tokens"
-    )
+    deliver = lambda i, m: syncs[i].receive(m) or m.payload.nbytes  # noqa: E731
+    syncer = BarrierSyncer(recipe, initial, deliver, FakeClock(), AdamWStep, "none", "none", "tokens")
     syncer_box["push"] = Direct(syncer.push)
     syncs = [DataParallelSync(recipe, learner, Transport(), type("S", (), syncer_box)) for learner in learners]
     for i in range(2):
@@ -88,9 +87,8 @@ def make_barrier(members=3):
     initial = {"w": np.zeros((4, 2), np.float32)}
     clock = FakeClock()
     sent = []
-    syncer = BarrierSyncer(
-        recipe, initial, lambda i, m: sent.append((i, m.version)) or 0, clock, OuterStep, "none", "tokens_per_step"
-    )
+    deliver = lambda i, m: sent.append((i, m.version)) or 0  # noqa: E731
+    syncer = BarrierSyncer(recipe, initial, deliver, clock, OuterStep, "none", "none", "tokens_per_step")
     for i in range(members):
         syncer.join(i)
     return syncer, clock, sent
@@ -194,16 +192,30 @@ def test_barrier_checkpoint_state_round_trips(combiner):
     learner = Learner(recipe, 0, stream(0))
     initial = flatten_params(learner.params)
     codec = "none"
-    a = BarrierSyncer(recipe, initial, lambda i, m: 0, FakeClock(), combiner, codec, "tokens")
+    a = BarrierSyncer(recipe, initial, lambda i, m: 0, FakeClock(), combiner, codec, codec, "tokens")
     a.join(0)
     a.tick()
     size = a.theta[0].size
     a.push(Contribution(0, 0, 0, 1, 64, get_codec("none").encode(np.full(size, 0.01, np.float32)), 0.0))
     a.tick()
     tree, meta = a.state()
-    b = BarrierSyncer(recipe, initial, lambda i, m: 0, FakeClock(), combiner, codec, "tokens")
+    b = BarrierSyncer(recipe, initial, lambda i, m: 0, FakeClock(), combiner, codec, codec, "tokens")
     b.load(tree, meta)
     assert b.version == 1
     np.testing.assert_array_equal(b.theta[0], a.theta[0])
     for key, value in a.combiner.state().items():
         np.testing.assert_array_equal(b.combiner.state()[key], value)
+
+
+def test_bandwidth_prediction_follows_the_algorithm():
+    from dlc.bandwidth import recipe_traffic
+
+    base = Recipe.model_validate(SMALL)
+    n = recipe_traffic(base)["params"]
+    dp = recipe_traffic(base.model_copy(update={"algorithm": "dp"}))
+    assert dp["up_bytes_per_step"] == 4 * n and dp["down_bytes_per_step"] == 4 * n
+    diloco = recipe_traffic(base.model_copy(update={"algorithm": "diloco"}))
+    H = base.syncer.sync_interval_steps
+    int4 = get_codec("int4", base.syncer.codec_block_values).encoded_nbytes(n)
+    assert diloco["up_bytes_per_step"] == pytest.approx(int4 / H)
+    assert recipe_traffic(base.model_copy(update={"algorithm": "none"}))["up_bytes_per_step"] == 0

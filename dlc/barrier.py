@@ -60,19 +60,20 @@ class OuterStep:
 
 
 class AdamWStep:
-    """dp: the one AdamW state of the job, stepped with the mean gradient (the inner recipe's optimizer)."""
+    """dp: the one AdamW state of the job, stepped with the mean gradient (the inner recipe's optimizer).
+
+    It steps the flat {name: array} dict: AdamW is elementwise, clipping takes the global norm and
+    weight decay is masked by rank, so the nesting of the model's tree changes nothing.
+    """
 
     def __init__(self, recipe: Recipe, plan: FragmentPlan, initial: dict[str, np.ndarray]) -> None:
         import jax
         import optax
 
         from dlc.inner import make_optimizer
-        from dlc.model import build_model, unflatten_params
 
-        _, like = build_model(recipe.model, recipe.run.seed)
         self.plan = plan
-        self.host = {name: np.array(value, dtype=np.float32) for name, value in initial.items()}
-        self.like = unflatten_params(self.host, like)
+        self.like = initial
         self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
         self.opt_state = self.optimizer.init(self._tree(plan.gather(initial, 0)))
         self._leaves, self._treedef = jax.tree_util.tree_flatten(self.opt_state)
@@ -83,20 +84,14 @@ class AdamWStep:
 
         self._update = jax.jit(update)
 
-    def _tree(self, vector: np.ndarray) -> Any:
-        from dlc.model import unflatten_params
-
-        flat = {name: np.empty_like(value) for name, value in self.host.items()}
-        self.plan.scatter(flat, 0, vector)
-        return unflatten_params(flat, self.like)
+    def _tree(self, vector: np.ndarray) -> dict[str, np.ndarray]:
+        return self.plan.assemble([vector], self.like)
 
     def step(self, theta: np.ndarray, mean: np.ndarray) -> np.ndarray:
         import jax
 
-        from dlc.model import flatten_params
-
         params, self.opt_state = self._update(self._tree(theta), self._tree(mean), self.opt_state)
-        return self.plan.gather(flatten_params(jax.device_get(params)), 0)
+        return self.plan.gather(jax.device_get(params), 0)
 
     def state(self) -> dict[str, np.ndarray]:
         import jax
@@ -306,9 +301,7 @@ class BarrierSyncer:
         return self.plan.fingerprint()
 
     def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        params = {name: np.empty_like(value, dtype=np.float32) for name, value in like.items()}
-        self.plan.scatter(params, 0, self.theta[0])
-        return params
+        return self.plan.assemble(self.theta, like)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()

@@ -155,9 +155,7 @@ class BlockingLearnerSync:
 
     def adopt(self, message: GlobalModel) -> None:
         vector = self.down_codec.decode(message.payload)
-        flat = {name: np.empty_like(value) for name, value in self.host.items()}
-        self.plan.scatter(flat, 0, vector)
-        self.learner.set_params(unflatten_params(flat, self.like))
+        self.learner.set_params(unflatten_params(self.plan.assemble([vector], self.host), self.like))
         self.anchor = vector
         self.version = message.version
         self.learner.step = message.version * self.every

@@ -178,6 +178,13 @@ class FragmentPlan:
                 # Indexing the first axis writes in place, contiguous or not.
                 arr[start:stop] = chunk.reshape((stop - start, *arr.shape[1:]))
 
+    def assemble(self, vectors: Sequence[np.ndarray], like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """New float32 arrays shaped like ``like``, filled from fragment p's vector for every p."""
+        params = {name: np.empty(np.shape(value), dtype=np.float32) for name, value in like.items()}
+        for p, vector in enumerate(vectors):
+            self.scatter(params, p, vector)
+        return params
+
     def phase(self, p: int, inner_steps: int) -> int:
         """First step (1..H) at which fragment p is due; it recurs every H steps.
 

@@ -248,10 +248,7 @@ class Syncer:
 
     def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The global model as a flat dict (shapes from `like`)."""
-        params = {name: np.empty_like(value, dtype=np.float32) for name, value in like.items()}
-        for p in range(self.plan.num_fragments):
-            self.plan.scatter(params, p, self.theta[p])
-        return params
+        return self.plan.assemble(self.theta, like)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()

@@ -85,6 +85,12 @@ def test_gather_scatter_round_trip() -> None:
     for name in params:
         np.testing.assert_array_equal(target[name], params[name])
 
+    # assemble builds new arrays from every fragment's vector.
+    built = plan.assemble([plan.gather(params, p) for p in range(plan.num_fragments)], params)
+    for name in params:
+        np.testing.assert_array_equal(built[name], params[name])
+        assert built[name] is not params[name] and built[name].dtype == np.float32
+
     # gather copies: writing into its result leaves the parameters alone.
     vec = plan.gather(params, 1)
     vec[:] = -1

@@ -69,8 +69,8 @@ def say(message: str) -> None:
 
 def recipe_facts(recipe_path: str) -> dict[str, Any]:
     """Parameter count and tokens per step of the recipe (builds the model: imports JAX)."""
-    from dlc.model import build_model, count_params
-    from dlc.recipe import load_recipe
+    from dlc.config.schema import load_recipe
+    from dlc.core.model import build_model, count_params
 
     recipe = load_recipe(REPO / recipe_path)
     learners = recipe.learners
@@ -159,8 +159,8 @@ def command(recipe: str, run_dir: Path, overrides: list[str], plan_file: Path | 
 def check(recipe: str, overrides: list[str], plan: dict | None) -> str | None:
     """Why this run would be refused by the recipe or plan checks, or None."""
     from chaos.plan import plan_from_dict
+    from dlc.config.schema import load_recipe
     from dlc.errors import UserError
-    from dlc.recipe import load_recipe
 
     try:
         load_recipe(REPO / recipe, overrides)

@@ -63,8 +63,8 @@ def main() -> None:
             f"eval.every_steps={10 * M * S}",
         )
 
-    from dlc.model import build_model, count_params
-    from dlc.recipe import load_recipe
+    from dlc.config.schema import load_recipe
+    from dlc.core.model import build_model, count_params
 
     params = count_params(build_model(load_recipe(args.recipe).model, 0)[1])
     first = decoupled[0]

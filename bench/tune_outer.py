@@ -14,11 +14,11 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
-from dlc.data import load_corpus, split_corpus  # noqa: E402
-from dlc.evaluate import Evaluator  # noqa: E402
-from dlc.inprocess import InProcessRun  # noqa: E402
-from dlc.learner import Learner  # noqa: E402
-from dlc.recipe import load_recipe  # noqa: E402
+from dlc.config.schema import load_recipe  # noqa: E402
+from dlc.core.data import load_corpus, split_corpus  # noqa: E402
+from dlc.core.evaluate import Evaluator  # noqa: E402
+from dlc.core.learner import Learner  # noqa: E402
+from dlc.engine.local import InProcessRun  # noqa: E402
 
 
 def main() -> None:

@@ -8,7 +8,9 @@ from dataclasses import asdict
 
 import pytest
 
-from dlc.bandwidth import (
+from dlc.cli.plan import bandwidth_command
+from dlc.errors import UserError
+from dlc.plan.bandwidth import (
     LinkSetup,
     bytes_per_step,
     codec_bits_per_value,
@@ -20,8 +22,6 @@ from dlc.bandwidth import (
     dp_sim_gbps,
     plan,
 )
-from dlc.cli_plan import bandwidth_command
-from dlc.errors import UserError
 from tests.test_simulate import invoke
 
 PAPER = LinkSetup()  # 5B params, bf16, 2 sites, 1 s steps, 90% utilisation, H=100, P=24, tau=2

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from dlc.codec import get_codec
-from dlc.model import build_model, count_params
-from dlc.recipe import load_recipe
+from dlc.config.schema import load_recipe
+from dlc.core.codec import get_codec
+from dlc.core.model import build_model, count_params
 from tests.conftest import TINY, run_cli
 from tests.test_train_e2e import read_jsonl
 

@@ -6,15 +6,15 @@ import jax
 import numpy as np
 import pytest
 
-from dlc.barrier import AdamWStep, BarrierSyncer, OuterStep
-from dlc.blocking import Contribution, DataParallelSync
-from dlc.codec import get_codec
-from dlc.inner import make_grad_step, make_optimizer, make_train_step
-from dlc.inprocess import Direct, FakeClock
-from dlc.learner import Learner
-from dlc.model import flatten_params
-from dlc.recipe import Recipe
-from dlc.transport import Transport
+from dlc.algo.blocking.learner import Contribution, DataParallelSync
+from dlc.algo.blocking.syncer import AdamWStep, BarrierSyncer, OuterStep
+from dlc.config.schema import Recipe
+from dlc.core.codec import get_codec
+from dlc.core.learner import Learner
+from dlc.core.model import flatten_params
+from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
+from dlc.engine.local import Direct, FakeClock
+from dlc.net.transport import Transport
 
 SMALL = {
     "run": {"max_steps": 10},
@@ -208,7 +208,7 @@ def test_barrier_checkpoint_state_round_trips(combiner):
 
 
 def test_bandwidth_prediction_follows_the_algorithm():
-    from dlc.bandwidth import recipe_traffic
+    from dlc.plan.bandwidth import recipe_traffic
 
     base = Recipe.model_validate(SMALL)
     n = recipe_traffic(base)["params"]

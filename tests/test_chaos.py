@@ -37,7 +37,7 @@ from chaos.target import (
     append_jsonl,
     read_control,
 )
-from dlc.cli_chaos import chaos_command, latest_run
+from dlc.cli.chaos import chaos_command, latest_run
 from dlc.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -890,7 +890,7 @@ def test_chaos_command_reports_bad_input(tmp_path: Path, monkeypatch):
 def test_chaos_command_link_flags(tmp_path: Path, monkeypatch):
     from typer.testing import CliRunner
 
-    from dlc.cli import app
+    from dlc.cli.app import app
 
     runner = CliRunner()
     shown = runner.invoke(app, ["chaos", "--help"], env={"COLUMNS": "200"})

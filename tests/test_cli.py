@@ -9,7 +9,7 @@ from tests.conftest import REPO, TINY, run_cli
 
 
 def test_help_does_not_import_jax_or_ray():
-    code = "import sys, dlc.cli; bad = {'jax', 'ray', 'flax', 'optax'} & set(sys.modules); print(sorted(bad))"
+    code = "import sys, dlc.cli.app; bad = {'jax', 'ray', 'flax', 'optax'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
     for args in (["--help"], ["train", "--help"]):

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from dlc.codec import CODECS, Encoded, get_codec
+from dlc.core.codec import CODECS, Encoded, get_codec
 
 
 def test_registry() -> None:

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from dlc.data import ByteStream, eval_batches, load_corpus, split_corpus, stdlib_files, text_files
+from dlc.config.schema import DataConfig
+from dlc.core.data import ByteStream, eval_batches, load_corpus, split_corpus, stdlib_files, text_files
 from dlc.errors import UserError
-from dlc.recipe import DataConfig
 
 
 def block_corpus(num_blocks: int, block: int) -> np.ndarray:

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from dlc.codec import get_codec
-from dlc.data import load_corpus, split_corpus
-from dlc.diloco import SentRecord
-from dlc.inprocess import InProcessRun
-from dlc.recipe import Recipe
-from dlc.transport import MergedFragment
+from dlc.algo.decoupled.learner import SentRecord
+from dlc.config.schema import Recipe
+from dlc.core.codec import get_codec
+from dlc.core.data import load_corpus, split_corpus
+from dlc.engine.local import InProcessRun
+from dlc.net.transport import MergedFragment
 
 
 def small_recipe(learners=2, **syncer) -> Recipe:
@@ -99,7 +99,7 @@ def test_merged_fragment_waits_tau_steps_after_its_push():
 
 
 def test_bandwidth_prediction_equals_bytes_sent():
-    from dlc.bandwidth import recipe_traffic
+    from dlc.plan.bandwidth import recipe_traffic
 
     recipe = small_recipe(learners=2, sync_interval_steps=4)
     predicted = recipe_traffic(recipe)
@@ -115,7 +115,7 @@ def test_bandwidth_prediction_equals_bytes_sent():
 def test_restored_learner_does_not_recompile_as_it_adopts_fragments(tmp_path):
     # orbax restores device-committed arrays; adopted fragments are written back uncommitted.
     # jit compiles each mix anew, so a restored learner must hold plain uncommitted arrays.
-    from dlc.checkpoint import Checkpointer
+    from dlc.run.checkpoint import Checkpointer
 
     run = make_run(small_recipe(learners=2))
     for _ in range(6):

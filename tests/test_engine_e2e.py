@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
-from dlc.codec import get_codec
-from dlc.fragments import FragmentPlan, shapes_of
-from dlc.model import build_model, flatten_params
-from dlc.recipe import load_recipe
+from dlc.config.schema import load_recipe
+from dlc.core.codec import get_codec
+from dlc.core.fragments import FragmentPlan, shapes_of
+from dlc.core.model import build_model, flatten_params
 from tests.conftest import TINY
 from tests.test_train_e2e import read_jsonl
 

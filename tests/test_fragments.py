@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dlc.fragments import FragmentPlan, Piece, Segment, shapes_of
+from dlc.core.fragments import FragmentPlan, Piece, Segment, shapes_of
 
 
 def transformer_shapes(fused_qkv: bool) -> dict[str, tuple[int, ...]]:

@@ -1,6 +1,6 @@
 import pytest
 
-from dlc.goodput import BUCKETS, Ledger
+from dlc.observe.goodput import BUCKETS, Ledger
 
 
 def test_buckets_add_up_and_goodput_by_hand():

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from dlc.codec import get_codec
-from dlc.inprocess import FakeClock
-from dlc.link import DelayLine, Link, LinkSpec
-from dlc.recipe import Recipe
-from dlc.transport import MergedFragment, Transport
+from dlc.config.schema import Recipe
+from dlc.core.codec import get_codec
+from dlc.engine.local import FakeClock
+from dlc.net.link import DelayLine, Link, LinkSpec
+from dlc.net.transport import MergedFragment, Transport
 
 MB = 1_000_000
 

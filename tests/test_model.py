@@ -1,8 +1,8 @@
 import jax.numpy as jnp
 import numpy as np
 
-from dlc.model import apply_model, build_model, count_params, flatten_params, unflatten_params
-from dlc.recipe import ModelConfig
+from dlc.config.schema import ModelConfig
+from dlc.core.model import apply_model, build_model, count_params, flatten_params, unflatten_params
 
 CFG = ModelConfig(width=32, num_layers=2, num_heads=4, mlp_ratio=4, context_len=16)
 

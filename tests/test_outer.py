@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlc.outer import OuterNesterov, merge_deltas, merge_weights
+from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
 
 
 def test_weight_modes_by_hand() -> None:

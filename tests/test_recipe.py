@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
+from dlc.config.schema import Recipe, load_recipe, parse_overrides
 from dlc.errors import UserError
-from dlc.recipe import Recipe, load_recipe, parse_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 

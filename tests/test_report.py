@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlc.report import RunData, learner_steps_at, load_run, merged_share, write_report
-from dlc.tensorboard import TensorBoardWriter, crc32c, masked_crc32c
+from dlc.observe.report import RunData, learner_steps_at, load_run, merged_share, write_report
+from dlc.observe.tensorboard import TensorBoardWriter, crc32c, masked_crc32c
 from tests.fixtures_runs import T0, chaos_entries, learner_row, make_run, status, summary
 from tests.test_status import invoke
 

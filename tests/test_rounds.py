@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dlc.codec import Encoded, get_codec
-from dlc.rounds import (
+from dlc.algo.decoupled.rounds import (
     GraceWindow,
     NormOutlier,
     Push,
@@ -16,6 +15,7 @@ from dlc.rounds import (
     RoundBook,
     quorum_needed,
 )
+from dlc.core.codec import Encoded, get_codec
 
 SIZE = 4
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dlc.cli import app
-from dlc.cli_plan import parse_count, simulate_command
-from dlc.simulate import (
+from dlc.cli.app import app
+from dlc.cli.plan import parse_count, simulate_command
+from dlc.plan.simulate import (
     PAPER_CHIPS,
     PAPER_GOODPUT_PCT,
     FailureModel,
@@ -224,6 +224,6 @@ def test_bad_options_exit_2_without_traceback(args, fragment):
 
 
 def test_importing_the_commands_pulls_in_nothing_heavy():
-    code = "import sys, dlc.cli_plan; print(sorted({'jax', 'ray', 'numpy', 'matplotlib'} & set(sys.modules)))"
+    code = "import sys, dlc.cli.plan; print(sorted({'jax', 'ray', 'numpy', 'matplotlib'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"

@@ -18,10 +18,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from dlc.cli import app
+from dlc.cli.app import app
 from dlc.errors import UserError
-from dlc.status import JsonlTail, RunReader, count_params, resolve_run
-from dlc.status_view import render, sparkline
+from dlc.observe.dashboard import render, sparkline
+from dlc.observe.reader import JsonlTail, RunReader, count_params, resolve_run
 from tests.fixtures_runs import (
     ELAPSED_S,
     T0,
@@ -248,9 +248,9 @@ def test_resumed_run_ignores_the_previous_summary(tmp_path):
 def test_count_params_matches_the_model():
     import jax
 
-    from dlc.model import build_model
-    from dlc.model import count_params as model_count
-    from dlc.recipe import ModelConfig
+    from dlc.config.schema import ModelConfig
+    from dlc.core.model import build_model
+    from dlc.core.model import count_params as model_count
 
     # tiny: embeddings 256*64 + 64*64 = 20,480; per block 4*64 (norms) + 4*64^2 (qkv, out)
     # + 2*4*64^2 + 4*64 + 64 (MLP) = 49,728, four blocks 198,912; final norm 128: 219,520.
@@ -303,7 +303,7 @@ def test_status_command(tmp_path, monkeypatch):
 
 
 def test_view_modules_do_not_import_jax_ray_or_matplotlib():
-    modules = "dlc.cli_view, dlc.status, dlc.status_view, dlc.report, dlc.tensorboard"
+    modules = "dlc.cli.view, dlc.observe.reader, dlc.observe.dashboard, dlc.observe.report, dlc.observe.tensorboard"
     code = f"import sys, {modules}; print(sorted({{'jax', 'ray', 'flax', 'matplotlib'}} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
@@ -343,7 +343,7 @@ def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
     proc = start_train(str(TINY), f"run.dir={run_dir}", "run.max_steps=2000", "checkpoint.every_steps=1000")
     try:
         # The view as `dlc status RUN` runs it, in a 130 x 50 terminal of a private tmux server.
-        show = "import sys, pathlib; from dlc.status_view import show; show(pathlib.Path(sys.argv[1]))"
+        show = "import sys, pathlib; from dlc.observe.dashboard import show; show(pathlib.Path(sys.argv[1]))"
         view = f"cd {REPO} && COLUMNS=130 LINES=50 {sys.executable} -c '{show}' {run_dir}"
         tmux = ["tmux", "-L", session]
         subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "130", "-y", "50", view], check=True)

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from dlc.codec import get_codec
-from dlc.fragments import FragmentPlan
-from dlc.inprocess import FakeClock
-from dlc.recipe import Recipe
-from dlc.rounds import Push
-from dlc.syncer import Syncer
+from dlc.algo.decoupled.rounds import Push
+from dlc.algo.decoupled.syncer import Syncer
+from dlc.config.schema import Recipe
+from dlc.core.codec import get_codec
+from dlc.core.fragments import FragmentPlan
+from dlc.engine.local import FakeClock
 
 SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
 

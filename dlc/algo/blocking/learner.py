@@ -1,0 +1,234 @@
+"""The learner's side of the blocking baselines: data-parallel (dp) and blocking DiLoCo.
+
+Both send a whole-model vector and then wait, doing nothing, for the global model of the next
+version:
+- dp: every step, the gradient of the loss on this learner's batch (the syncer averages the
+  gradients and takes one AdamW step on the global model);
+- diloco: every H inner steps, the outer gradient `anchor - theta` (the syncer averages them
+  and takes an outer Nesterov step).
+Adopting the global model of version v sets the learner's step to v * H, so every member of
+the job stands at the same step. A learner that (re)starts waits for the syncer to admit it
+and send the model before it computes anything. Time spent waiting is counted in `waiting_s`,
+which the goodput ledger files as `waiting`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dlc.config.schema import Recipe
+from dlc.core.codec import Encoded, get_codec
+from dlc.core.fragments import FragmentPlan, shapes_of
+from dlc.core.learner import Learner
+from dlc.core.model import flatten_params, unflatten_params
+from dlc.net.transport import RemoteMethod, Transport
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """Learner -> syncer: a gradient (dp) or outer gradient (diloco) computed at global `version`."""
+
+    learner: int
+    version: int
+    seq: int
+    steps: int
+    tokens: int
+    payload: Encoded
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class GlobalModel:
+    """Syncer -> learner: the whole global model at `version`."""
+
+    version: int
+    payload: Encoded
+    sent_at: float
+
+
+class BlockingLearnerSync:
+    """Send every `every` steps, then wait for the next global model."""
+
+    gradient = False  # dp sends gradients; diloco sends outer gradients
+
+    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any, every: int) -> None:
+        self.learner = learner
+        self.transport = transport
+        self._push: RemoteMethod = syncer.push
+        self.every = every
+        self.host = flatten_params(learner.params)  # host copies: shapes for scatter, structure for unflatten
+        self.like = unflatten_params(self.host, learner.params)
+        self.plan = FragmentPlan.build(shapes_of(self.host), 1)
+        codec = recipe.blocking.dp_codec if self.gradient else recipe.syncer.codec
+        self.codec = get_codec(codec, recipe.syncer.codec_block_values)
+        self.down_codec = get_codec(recipe.blocking.dp_codec if self.gradient else recipe.syncer.down_codec)
+        self.inbox: queue.SimpleQueue[GlobalModel] = queue.SimpleQueue()
+        self.version: int | None = None  # None: not admitted yet, the next model is the first
+        self.anchor: np.ndarray | None = None
+        self.steps_since = 0
+        self.tokens_since = 0
+        self.seq = 0
+        self.pushes = 0
+        self.adopted = 0
+        self._waited_s = 0.0
+        self._waiting_since: float | None = None
+        self.outstanding: Contribution | None = None  # sent, its version's model not yet received
+        self.idle: Callable[[], None] | None = None  # called while waiting (serves peers' state copies)
+        self._lock = threading.Lock()
+
+    # -- the loop's step ---------------------------------------------------------------------
+
+    def step(self, stop: threading.Event) -> list[dict[str, Any]]:
+        """One step of the job: wait to be admitted if need be, compute, and send and wait when due."""
+        events: list[dict[str, Any]] = []
+        if self.version is None:
+            if not self._await_model(stop):
+                return events
+            events.append({"kind": "learner_admitted", "learner": self.learner.index, "version": self.version})
+        vector = self.local_step()
+        self.steps_since += 1
+        self.tokens_since += self.learner.tokens_per_step
+        if vector is not None:
+            self._send(vector)
+            self._await_model(stop)
+        return events
+
+    def local_step(self) -> np.ndarray | None:
+        """Train; return the vector to send when one is due."""
+        raise NotImplementedError
+
+    def flat(self, tree: Any) -> np.ndarray:
+        return self.plan.gather(flatten_params(tree), 0)
+
+    def _send(self, vector: np.ndarray) -> None:
+        assert self.version is not None
+        contribution = Contribution(
+            learner=self.learner.index,
+            version=self.version,
+            seq=self.seq,
+            steps=self.steps_since,
+            tokens=self.tokens_since,
+            payload=self.codec.encode(vector),
+            sent_at=time.time(),
+        )
+        with self._lock:
+            self.outstanding = contribution
+        self.transport.send(self._push, contribution, link=self.learner.index)
+        self.seq += 1
+        self.pushes += 1
+        self.steps_since = self.tokens_since = 0
+
+    def _await_model(self, stop: threading.Event) -> bool:
+        """Block until a global model newer than the one held arrives (or any, when not admitted)."""
+        self._waiting_since = time.monotonic()
+        try:
+            while not stop.is_set():
+                try:
+                    message = self.inbox.get(timeout=0.05)
+                except queue.Empty:
+                    if self.idle is not None:
+                        self.idle()
+                    continue
+                if self.version is not None and message.version < self.version:
+                    continue  # older than the model this learner holds
+                # Newer: the step is done. The same version again: the syncer (re)admitted this
+                # learner (a syncer restart, a thaw), so the step starts over from that model.
+                self.adopt(message)
+                return True
+            return False
+        finally:
+            self._waited_s += time.monotonic() - self._waiting_since
+            self._waiting_since = None
+
+    @property
+    def waiting_s(self) -> float:
+        """Seconds spent waiting for the global model so far, the wait in progress included."""
+        since = self._waiting_since
+        return self._waited_s + (time.monotonic() - since if since is not None else 0.0)
+
+    def adopt(self, message: GlobalModel) -> None:
+        vector = self.down_codec.decode(message.payload)
+        self.learner.set_params(unflatten_params(self.plan.assemble([vector], self.host), self.like))
+        self.anchor = vector
+        self.version = message.version
+        self.learner.step = message.version * self.every
+        self.steps_since = self.tokens_since = 0
+        with self._lock:
+            self.outstanding = None
+        self.adopted += 1
+
+    # -- the LearnerSync protocol ------------------------------------------------------------
+
+    def receive(self, message: GlobalModel) -> None:
+        self.inbox.put(message)
+
+    def push_outstanding(self) -> int:
+        """At the end of a run: send the steps not yet sent (diloco's last partial interval)."""
+        if self.gradient or self.steps_since == 0 or self.version is None or self.outstanding is not None:
+            return 0
+        self._send(self.outer_gradient())
+        return 1
+
+    def outer_gradient(self) -> np.ndarray:
+        assert self.anchor is not None
+        return self.anchor - self.flat(self.learner.params)
+
+    def unpushed_steps(self) -> float:
+        return float(self.steps_since)
+
+    def reconnect(self, push: RemoteMethod) -> int:
+        """A new syncer: send to it from now on, and re-send the contribution it never answered."""
+        self._push = push
+        with self._lock:
+            pending = self.outstanding
+        if pending is None:
+            return 0
+        self.transport.send(push, pending, link=self.learner.index)
+        return 1
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {}, {"version": self.version, "seq": self.seq}
+
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.seq = int(meta.get("seq", 0))  # the model itself comes from the syncer on admission
+
+    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        pass  # a resumed learner is admitted by the syncer and sent the model
+
+    def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        self.version = None  # the peer's parameters are replaced by the model on admission
+
+    def adopt_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+        self.version = None
+
+    def peer_view(self) -> tuple[list[np.ndarray], list[int]]:
+        return [self.flat(self.learner.params)], [self.version or 0]
+
+
+class DataParallelSync(BlockingLearnerSync):
+    gradient = True
+
+    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> None:
+        super().__init__(recipe, learner, transport, syncer, every=1)
+
+    def local_step(self) -> np.ndarray:
+        return self.flat(self.learner.compute_gradient())
+
+
+class BlockingDiLoCoSync(BlockingLearnerSync):
+    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> None:
+        super().__init__(recipe, learner, transport, syncer, every=recipe.syncer.sync_interval_steps)
+
+    def local_step(self) -> np.ndarray | None:
+        self.learner.train_step()
+        if self.learner.step % self.every:
+            return None
+        self.learner.flush()
+        return self.outer_gradient()

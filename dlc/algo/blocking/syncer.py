@@ -1,0 +1,358 @@
+"""The syncer of the blocking baselines: one global model, one barrier per version, elastic pauses.
+
+Version v of the global model closes when every member of the job has sent its contribution
+for v; the contributions are combined into version v + 1 (dp: one AdamW step on the weighted
+mean gradient; diloco: one outer Nesterov step on the weighted mean outer gradient), which
+goes to every member. Nobody moves on before that: a slow member slows everyone.
+
+Membership is elastic, as in torchft-style elastic data-parallel training:
+- a member that leaves, dies (the driver reports it) or misses heartbeats for
+  `heartbeat_timeout_s` is dropped; the job pauses for `blocking.reconfigure_s` and then goes
+  on with the survivors;
+- a learner that joins, returns or thaws is admitted when the current version closes: the job
+  pauses again, and then the new version goes to everyone, the newcomer included;
+- a change during a pause is folded into that pause, as `dlc simulate` models it.
+Not thread-safe and free of Ray, like `dlc.algo.decoupled.syncer.Syncer`; tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from dlc.algo.blocking.learner import Contribution, GlobalModel
+from dlc.algo.decoupled.syncer import counter_status
+from dlc.algo.outer import OuterNesterov, merge_weights
+from dlc.config.schema import Recipe
+from dlc.core.codec import get_codec
+from dlc.core.fragments import FragmentPlan, shapes_of
+
+Deliver = Callable[[int, GlobalModel], int]
+
+
+class Combiner(Protocol):
+    """Turns the weighted mean of the contributions into the next global model."""
+
+    def step(self, theta: np.ndarray, mean: np.ndarray) -> np.ndarray: ...
+    def state(self) -> dict[str, np.ndarray]: ...
+    def load(self, state: dict[str, np.ndarray]) -> None: ...
+
+
+class OuterStep:
+    """diloco: outer Nesterov SGD with the mean outer gradient."""
+
+    def __init__(self, recipe: Recipe, plan: FragmentPlan, initial: dict[str, np.ndarray]) -> None:
+        self.outer = OuterNesterov(recipe.syncer.outer_lr, recipe.syncer.outer_momentum)
+        self.momentum = np.zeros(plan.size(0), dtype=np.float32)
+
+    def step(self, theta: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        theta, self.momentum = self.outer.step(theta, mean, self.momentum)
+        return theta
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"momentum": self.momentum}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        self.momentum = np.asarray(state["momentum"], dtype=np.float32)
+
+
+class AdamWStep:
+    """dp: the one AdamW state of the job, stepped with the mean gradient (the inner recipe's optimizer).
+
+    It steps the flat {name: array} dict: AdamW is elementwise, clipping takes the global norm and
+    weight decay is masked by rank, so the nesting of the model's tree changes nothing.
+    """
+
+    def __init__(self, recipe: Recipe, plan: FragmentPlan, initial: dict[str, np.ndarray]) -> None:
+        import jax
+        import optax
+
+        from dlc.core.steps import make_optimizer
+
+        self.plan = plan
+        self.like = initial
+        self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
+        self.opt_state = self.optimizer.init(self._tree(plan.gather(initial, 0)))
+        self._leaves, self._treedef = jax.tree_util.tree_flatten(self.opt_state)
+
+        def update(params: Any, grads: Any, opt_state: Any) -> tuple[Any, Any]:
+            updates, opt_state = self.optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self._update = jax.jit(update)
+
+    def _tree(self, vector: np.ndarray) -> dict[str, np.ndarray]:
+        return self.plan.assemble([vector], self.like)
+
+    def step(self, theta: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        import jax
+
+        params, self.opt_state = self._update(self._tree(theta), self._tree(mean), self.opt_state)
+        return self.plan.gather(jax.device_get(params), 0)
+
+    def state(self) -> dict[str, np.ndarray]:
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(self.opt_state)
+        return {str(k): np.asarray(leaf) for k, leaf in enumerate(leaves)}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        leaves = [jnp.asarray(state[str(k)]) for k in range(len(self._leaves))]
+        self.opt_state = jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+
+class BarrierSyncer:
+    def __init__(
+        self,
+        recipe: Recipe,
+        initial: dict[str, np.ndarray],
+        deliver: Deliver,
+        clock: Callable[[], float],
+        combiner: Callable[[Recipe, FragmentPlan, dict[str, np.ndarray]], Combiner],
+        codec: str,
+        down_codec: str,
+        weighting: str,
+    ) -> None:
+        self.cfg = recipe.syncer
+        self.reconfigure_s = recipe.blocking.reconfigure_s
+        self.plan = FragmentPlan.build(shapes_of(initial), 1)
+        self.theta = [self.plan.gather(initial, 0)]
+        self.combiner = combiner(recipe, self.plan, initial)
+        self.weighting = weighting
+        self.codec = get_codec(codec, self.cfg.codec_block_values)
+        self.down_codec = get_codec(down_codec)
+        self.deliver = deliver
+        self.clock = clock
+        self.version = 0
+        self.known: set[int] = set()  # registered and not left: members, joiners, and dropped ones
+        self.members: set[int] = set()
+        self.joining: set[int] = set()
+        self.heartbeats: dict[int, float] = {}
+        self.received: dict[int, Contribution] = {}
+        self.paused_until = float("-inf")
+        self.broadcast_due = False  # the current version still has to go out when the pause ends
+        self.pauses = 0
+        self.paused_s = 0.0
+        self.rounds_closed = 0
+        self.contributions = 0
+        self.accepted = 0
+        self.rejections: Counter[str] = Counter()
+        self.contributed: Counter[int] = Counter()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.last_push_at: dict[int, float] = {}
+        self.events: list[dict[str, Any]] = []
+        self.journal: Callable[[dict[str, Any]], None] | None = None  # unused: a restart resumes from the checkpoint
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def join(self, learner: int) -> None:
+        self.known.add(learner)
+        self.heartbeats[learner] = self.clock()
+        if learner not in self.members:
+            self.joining.add(learner)
+
+    def rejoin(self, learner: int) -> None:
+        """A restarted learner: admitted like a joiner (the driver dropped the dead one already)."""
+        self.members.discard(learner)
+        self.received.pop(learner, None)
+        self.join(learner)
+
+    def leave(self, learner: int) -> None:
+        self.known.discard(learner)
+        self.joining.discard(learner)
+        if learner in self.members:
+            self._drop({learner}, "left")
+
+    def heartbeat(self, learner: int) -> None:
+        self.heartbeats[learner] = self.clock()
+
+    def healthy(self) -> set[int]:
+        now = self.clock()
+        timeout = self.cfg.heartbeat_timeout_s
+        return {m for m in self.known if now - self.heartbeats.get(m, -1e18) <= timeout}
+
+    def _drop(self, learners: set[int], reason: str) -> None:
+        self.members -= learners
+        for learner in learners:
+            self.received.pop(learner, None)
+        self.events.append({"kind": "member_lost", "learners": sorted(learners), "reason": reason})
+        self._pause(f"lost {sorted(learners)} ({reason})")
+
+    def _pause(self, why: str) -> None:
+        now = self.clock()
+        if now < self.paused_until:
+            self.events.append({"kind": "reconfigure_folded", "why": why})
+            return
+        self.paused_until = now + self.reconfigure_s
+        self.pauses += 1
+        self.paused_s += self.reconfigure_s
+        self.events.append(
+            {"kind": "reconfigure", "why": why, "pause_s": self.reconfigure_s, "members": sorted(self.members)}
+        )
+
+    # -- the barrier ---------------------------------------------------------------------------
+
+    def push(self, c: Contribution) -> None:
+        self.bytes_up += c.payload.nbytes
+        self.last_push_at[c.learner] = self.clock()
+        reason = None
+        if c.learner not in self.members:
+            reason = "not_member"
+        elif c.version != self.version:
+            reason = "stale"
+        elif c.learner in self.received:
+            reason = "duplicate"
+        else:
+            delta = self.codec.decode(c.payload)
+            if delta.shape != self.theta[0].shape:
+                reason = "shape"
+            elif not np.isfinite(delta).all():
+                reason = "nonfinite"
+        common = {"learner": c.learner, "seq": c.seq, "steps": c.steps, "base_version": c.version, "share": 1.0}
+        if reason is not None:
+            self.rejections[reason] += 1
+            self.events.append({"kind": "push_rejected", **common, "version": self.version, "reason": reason})
+            return
+        self.received[c.learner] = c
+        self.accepted += 1
+        self.events.append({"kind": "push_accepted", **common, "version": self.version, "bytes": c.payload.nbytes})
+
+    def tick(self) -> int:
+        """Drop silent members, admit newcomers, close the version when everyone has sent; returns 1 if it closed."""
+        healthy = self.healthy()
+        silent = self.members - healthy
+        if silent:
+            self._drop(silent, "heartbeat_timeout")
+        # A known learner that is neither member nor joiner was dropped; back in health, it rejoins.
+        self.joining |= (self.known & healthy) - self.members
+        if not self.members and self.joining:
+            self._admit()  # the job (re)starts: nobody to pause, nothing to wait for
+        if self.clock() < self.paused_until:
+            return 0
+        closed = 0
+        if self.members and self.members <= set(self.received):
+            self._close()
+            closed = 1
+            if self.joining:
+                self._admit()
+                self._pause(f"admitted {sorted(self.members)}")
+        if self.broadcast_due and self.clock() >= self.paused_until:
+            self._broadcast()
+        return closed
+
+    def _admit(self) -> None:
+        self.events.append({"kind": "members_admitted", "learners": sorted(self.joining), "version": self.version})
+        self.members |= self.joining
+        self.joining.clear()
+        self.broadcast_due = True
+
+    def flush(self) -> int:
+        """End of run: close the current version with whatever arrived."""
+        if not self.received:
+            return 0
+        self._close()
+        return 1
+
+    def _close(self) -> None:
+        contributions = [self.received[m] for m in sorted(self.received)]
+        tokens = [c.tokens for c in contributions]
+        weights = merge_weights(tokens, [max(c.steps, 1) for c in contributions], self.weighting)
+        mean = np.zeros_like(self.theta[0])
+        for weight, c in zip(weights, contributions, strict=True):
+            mean += np.float32(weight) * self.codec.decode(c.payload)
+        self.theta[0] = self.combiner.step(self.theta[0], mean).astype(np.float32)
+        self.version += 1
+        self.rounds_closed += 1
+        self.contributions += len(contributions)
+        self.contributed.update(c.learner for c in contributions)
+        self.received.clear()
+        self.broadcast_due = True
+        self.events.append(
+            {
+                "kind": "round_closed",
+                "fragment": 0,
+                "version": self.version,
+                "contributors": [c.learner for c in contributions],
+                "weights": [round(float(w), 4) for w in weights],
+                "tokens": tokens,
+                "seqs": [c.seq for c in contributions],
+            }
+        )
+
+    def _broadcast(self) -> None:
+        message = GlobalModel(self.version, self.down_codec.encode(self.theta[0]), self.clock())
+        for learner in sorted(self.members):
+            self.bytes_down += self.deliver(learner, message)
+        self.broadcast_due = False
+
+    # -- the interface the syncer actor uses -------------------------------------------------
+
+    def versions(self) -> list[int]:
+        return [self.version]
+
+    def fingerprint(self) -> str:
+        return self.plan.fingerprint()
+
+    def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.plan.assemble(self.theta, like)
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "versions": [self.version],
+            "quorum": 1,  # elastic: the job goes on while one member is left
+            "members": sorted(self.members),
+            "joining": sorted(self.joining),
+            "healthy": sorted(self.healthy()),
+            "paused_for_s": round(max(self.paused_until - now, 0.0), 3),
+            "pauses": self.pauses,
+            "paused_s": round(self.paused_s, 3),
+            "grace_window_s": 0.0,
+            "rejections": dict(self.rejections),
+            **counter_status(self, now),
+        }
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    def replay(self, record: dict[str, Any]) -> bool:
+        return False  # nothing is journaled: a restarted barrier syncer resumes from its checkpoint
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tree = {"theta": {"0": self.theta[0]}, "combiner": self.combiner.state()}
+        meta = {
+            "versions": [self.version],
+            "rounds_closed": self.rounds_closed,
+            "contributions": self.contributions,
+            "accepted": self.accepted,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "pauses": self.pauses,
+            "paused_s": self.paused_s,
+            "rejections": dict(self.rejections),
+            "contributed": {str(k): v for k, v in self.contributed.items()},
+            "plan": self.plan.fingerprint(),
+        }
+        return tree, meta
+
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.theta = [np.asarray(tree["theta"]["0"], dtype=np.float32)]
+        self.combiner.load(tree["combiner"])
+        self.version = int(meta["versions"][0])
+        self.rounds_closed, self.contributions, self.accepted = (
+            meta["rounds_closed"],
+            meta["contributions"],
+            meta["accepted"],
+        )
+        self.bytes_up, self.bytes_down = meta["bytes_up"], meta["bytes_down"]
+        self.pauses, self.paused_s = meta["pauses"], meta["paused_s"]
+        self.rejections = Counter(dict(meta["rejections"]))
+        self.contributed = Counter({int(k): v for k, v in meta["contributed"].items()})

@@ -1,0 +1,536 @@
+"""Per-fragment rounds of the syncer: validation, quorum, grace window, close.
+
+Pure bookkeeping with an injected clock: no threads, no transport. The syncer feeds
+pushes to ``RoundBook.submit``, asks ``closable(healthy)`` which rounds may close, calls
+``close(p)``, merges the result with ``dlc.algo.outer`` and reports ``mark_sent(p)``.
+
+Anchors and repeated pushes. A learner's delta is ``anchor[p] - theta[p]`` and its
+anchor only moves when it adopts a merged fragment, so two pushes of p from one learner
+with the same ``base_version`` are cumulative: the later one contains the earlier one (its
+step and token counters, reset on every send, cover only the time in between). Hence:
+
+- same learner, same base, earlier push still in the open round: the new push
+  *supersedes* it (its delta replaces the old one; steps and tokens add up);
+- same learner, same base, earlier push already merged: only the part not yet merged
+  counts, ``new - merged`` (the book keeps each learner's last merged payload per
+  fragment, still encoded, while a push from its base could still arrive);
+- same learner, a different base (it adopted a new version in between): the two are
+  independent progress, so the new push waits for the next round of p.
+
+A push older (by seq) than one already received from the same anchor is a
+``duplicate``: its progress is contained in the newer one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from dlc.core.codec import Encoded, get_codec
+
+
+class Reject(StrEnum):
+    """Why a push was not folded in."""
+
+    DUPLICATE = "duplicate"  # (learner, seq) seen before, or contained in a newer push
+    MALFORMED = "malformed"  # bad fragment index, length, codec, counters or version
+    NONFINITE = "nonfinite"  # NaN or Inf after decoding
+    STALE = "stale"  # current version - base_version > max_staleness
+    NORM_OUTLIER = "norm_outlier"  # norm far from the fragment's recent accepted norms
+
+
+@dataclass(frozen=True)
+class Push:
+    """One outer gradient of one fragment from one learner."""
+
+    learner: int
+    fragment: int
+    base_version: int
+    steps: int
+    tokens: int
+    seq: int
+    payload: Encoded
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to a push; ``queued`` means accepted for the next round of p."""
+
+    accepted: bool
+    reason: Reject | None = None
+    detail: str = ""
+    queued: bool = False
+    superseded: bool = False
+
+
+def quorum_needed(quorum: int, healthy: Collection[int]) -> int:
+    """Pushes a round needs: K, or every healthy learner when fewer, but at least 1.
+
+    Waiting for K when fewer than K learners are healthy would block the fragment
+    until one returns; a round cannot close empty.
+    """
+    return max(1, min(quorum, len(healthy)))
+
+
+class GraceWindow:
+    """``window_s = max(0, gamma * (tau * step_time - quorum_time - sync_time))``.
+
+    Each term is an EMA (weight ``ema`` on the newest value, the first value taken
+    as is). Until a step time is seen the window is 0: close at quorum. Step-time
+    samples above 4x the current EMA are clipped so one stall cannot blow it up,
+    while a lasting slowdown still moves it within a few samples.
+    """
+
+    def __init__(
+        self,
+        gamma: float = 0.5,
+        tau: int = 2,
+        ema: float = 0.1,
+        step_time_s: float | None = None,
+    ) -> None:
+        if not 0 <= gamma <= 1 or tau < 0 or not 0 < ema <= 1:
+            raise ValueError(f"grace window: gamma={gamma}, tau={tau}, ema={ema}")
+        self.gamma, self.tau, self.ema = gamma, tau, ema
+        self.step_time_s = step_time_s
+        self.quorum_time_s: float | None = None
+        self.sync_time_s: float | None = None
+
+    def _mix(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.ema * (new - old)
+
+    def observe_step(self, seconds: float) -> None:
+        """One learner step took ``seconds``."""
+        if self.step_time_s is not None:
+            seconds = min(seconds, 4 * self.step_time_s)
+        self.step_time_s = self._mix(self.step_time_s, max(0.0, seconds))
+
+    def observe_quorum(self, seconds: float) -> None:
+        """A round took ``seconds`` from its first push to quorum."""
+        self.quorum_time_s = self._mix(self.quorum_time_s, max(0.0, seconds))
+
+    def observe_sync(self, seconds: float) -> None:
+        """A round took ``seconds`` from close to the merged fragment being sent."""
+        self.sync_time_s = self._mix(self.sync_time_s, max(0.0, seconds))
+
+    def window_s(self) -> float:
+        """How long to wait after quorum for more pushes."""
+        if self.step_time_s is None:
+            return 0.0
+        slack = self.tau * self.step_time_s - (self.quorum_time_s or 0.0) - (self.sync_time_s or 0.0)
+        return max(0.0, self.gamma * slack)
+
+
+class NormOutlier:
+    """Flags an update whose norm per step is far above the fragment's recent ones.
+
+    Works on log(norm / steps) of the last ``window`` finite pushes of one fragment: reject
+    when ``value - median > max(z_max * 1.4826 * MAD, log(min_ratio))``, i.e. more than
+    ``z_max`` robust standard deviations above and never within ``min_ratio`` times the
+    median. Per step, because a push's norm grows with the steps it covers. Only large
+    norms are rejected: a small update is harmless, and norms fall by an order of magnitude
+    as the learning rate decays. Rejected norms enter the history too, so a lasting shift
+    (the end of learning-rate warm-up) becomes the new normal within a window instead of
+    locking a fragment out for good. Nothing is flagged before ``warmup`` norms.
+    """
+
+    def __init__(
+        self,
+        warmup: int = 5,
+        window: int = 20,
+        z_max: float = 6.0,
+        min_ratio: float = 32.0,
+    ) -> None:
+        if warmup < 1 or window < warmup or z_max <= 0 or min_ratio <= 1:
+            raise ValueError(f"norm outlier: warmup={warmup}, window={window}, z_max={z_max}, min_ratio={min_ratio}")
+        self.warmup, self.z_max, self.min_ratio = warmup, z_max, min_ratio
+        self._logs: deque[float] = deque(maxlen=window)
+
+    def check(self, norm_per_step: float) -> str | None:
+        """Why ``norm_per_step`` is an outlier, or None when it is fine."""
+        if len(self._logs) < self.warmup or norm_per_step <= 0:
+            return None
+        logs = np.asarray(self._logs)
+        median = float(np.median(logs))
+        band = max(
+            self.z_max * 1.4826 * float(np.median(np.abs(logs - median))),
+            math.log(self.min_ratio),
+        )
+        if math.log(norm_per_step) - median <= band:
+            return None
+        return (
+            f"norm per step {norm_per_step:.3g} vs median {math.exp(median):.3g}: "
+            f"more than {math.exp(band):.3g}x larger"
+        )
+
+    def add(self, norm_per_step: float) -> None:
+        """Record a finite norm per step (accepted or not)."""
+        if norm_per_step > 0:
+            self._logs.append(math.log(norm_per_step))
+
+
+@dataclass
+class _Entry:
+    push: Push  # the latest push; its delta is cumulative from its anchor
+    delta: np.ndarray
+    arrived_at: float
+    steps: int
+    tokens: int
+    incarnation: int  # bumped by forget_learner: a new process, a new seq space
+
+    @property
+    def anchor(self) -> tuple[int, int, int]:
+        """Entries with equal anchors hold cumulative deltas from one starting point."""
+        return (self.push.learner, self.push.base_version, self.incarnation)
+
+
+class Round:
+    """The open round of one fragment: at most one entry per learner."""
+
+    def __init__(self, fragment: int) -> None:
+        self.fragment = fragment
+        self.entries: dict[int, _Entry] = {}
+
+    @property
+    def learners(self) -> frozenset[int]:
+        """Learners with a push in this round."""
+        return frozenset(self.entries)
+
+    def quorum_at(self, needed: int) -> float | None:
+        """When the ``needed``-th learner's push arrived, or None if not yet."""
+        arrivals = sorted(e.arrived_at for e in self.entries.values())
+        return arrivals[needed - 1] if len(arrivals) >= needed else None
+
+    def deadline(self, healthy: Collection[int], quorum: int, window_s: float) -> float | None:
+        """When the round may close without more pushes; None while short of quorum.
+
+        Every healthy learner having pushed closes it at once (deadline -inf).
+        """
+        reached = self.quorum_at(quorum_needed(quorum, healthy))
+        if reached is None:
+            return None
+        if set(healthy) <= self.entries.keys():
+            return -math.inf
+        return reached + window_s
+
+    def ready_to_close(self, now: float, healthy: Collection[int], quorum: int, window_s: float) -> bool:
+        """Quorum reached, and the grace window elapsed or all healthy pushed."""
+        deadline = self.deadline(healthy, quorum, window_s)
+        return deadline is not None and now >= deadline
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A closed round: what to merge, and how it went."""
+
+    fragment: int
+    version: int  # v_p after this round; the merged fragment carries it
+    learners: tuple[int, ...]
+    seqs: tuple[int, ...]  # the merged push of each contributor (a later push holds its earlier ones)
+    deltas: tuple[np.ndarray, ...]  # float32, already net of anything merged before
+    tokens: tuple[int, ...]
+    steps: tuple[int, ...]
+    staleness: tuple[int, ...]  # version before the round - base_version
+    opened_at: float
+    quorum_at: float | None
+    closed_at: float
+    grace_window_s: float  # the window allowed when it closed
+    waited_s: float  # grace actually used: close - quorum
+    expired: tuple[int, ...]  # learners whose queued push went stale at this close
+
+
+class _SeqLog:
+    """Seqs seen from one learner: a contiguous floor plus the ones above it.
+
+    The floor starts just below the first seq seen, so memory stays small on long
+    runs; a seq below a learner's first one counts as seen (transports that keep
+    per-sender order, like Ray actor calls, never deliver one).
+    """
+
+    def __init__(self, first: int) -> None:
+        self.floor = first - 1
+        self.above: set[int] = set()
+        self.last = first
+
+    def seen(self, seq: int) -> bool:
+        return seq <= self.floor or seq in self.above
+
+    def add(self, seq: int) -> None:
+        self.above.add(seq)
+        self.last = max(self.last, seq)
+        while self.floor + 1 in self.above:
+            self.floor += 1
+            self.above.discard(self.floor)
+
+
+@dataclass
+class _Fragment:
+    version: int
+    open: Round
+    queue: list[_Entry]
+    outlier: NormOutlier
+    closed_at: float | None = None
+
+
+class RoundBook:
+    """Every fragment's round state, version and rejection counts."""
+
+    def __init__(
+        self,
+        fragment_sizes: Sequence[int],
+        codec: str,
+        quorum: int = 1,
+        max_staleness: int = 4,
+        grace: GraceWindow | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        versions: Sequence[int] | None = None,
+        outlier: Callable[[], NormOutlier] = NormOutlier,
+        step_time_from_pushes: bool = True,
+    ) -> None:
+        if quorum < 1 or max_staleness < 0:
+            raise ValueError(f"quorum={quorum} >= 1, max_staleness={max_staleness} >= 0")
+        versions = list(versions) if versions is not None else [0] * len(fragment_sizes)
+        if len(versions) != len(fragment_sizes):
+            raise ValueError(f"{len(versions)} versions for {len(fragment_sizes)} fragments")
+        self.sizes = tuple(int(s) for s in fragment_sizes)
+        self.codec = get_codec(codec)
+        self.quorum, self.max_staleness = quorum, max_staleness
+        self.grace = grace if grace is not None else GraceWindow()
+        self.clock = clock
+        self.step_time_from_pushes = step_time_from_pushes
+        self.rejections: Counter[Reject] = Counter()
+        self.rejections_by_learner: Counter[tuple[int, Reject]] = Counter()
+        self._frags = [_Fragment(v, Round(p), [], outlier()) for p, v in enumerate(versions)]
+        self._seqs: dict[int, _SeqLog] = {}
+        # (learner, fragment) -> (base_version, incarnation, seq, payload) of its last
+        # merged push.
+        self._merged: dict[tuple[int, int], tuple[int, int, int, Encoded]] = {}
+        self._incarnation: dict[int, int] = {}
+        self._last_sent: dict[tuple[int, int], float] = {}
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The global clock (v_1..v_P)."""
+        return tuple(f.version for f in self._frags)
+
+    def version(self, p: int) -> int:
+        """v_p."""
+        return self._frags[p].version
+
+    def pending(self, p: int) -> frozenset[int]:
+        """Learners with a push in the open round of p."""
+        return self._frags[p].open.learners
+
+    def last_seq(self, learner: int) -> int | None:
+        """Highest seq seen from ``learner`` (a restarted learner may go on from it)."""
+        log = self._seqs.get(learner)
+        return None if log is None else log.last
+
+    def remember(self, learner: int, seq: int) -> None:
+        """Mark (learner, seq) as seen: a restarted syncer replaying what it merged before."""
+        log = self._seqs.get(learner)
+        if log is None:
+            log = self._seqs[learner] = _SeqLog(seq)
+        log.add(seq)
+
+    def forget_learner(self, learner: int) -> None:
+        """Drop seq and merge history of a learner restarted as a new process.
+
+        Its new anchors come from a peer, so its next deltas do not contain its old
+        pushes: they neither supersede nor net against what it pushed before. Pushes it
+        made before dying stay in their rounds.
+        """
+        self._seqs.pop(learner, None)
+        self._incarnation[learner] = self._incarnation.get(learner, 0) + 1
+        for key in [k for k in self._last_sent if k[0] == learner]:
+            del self._last_sent[key]
+
+    def _reject(self, push: Push, reason: Reject, detail: str) -> Verdict:
+        self.rejections[reason] += 1
+        self.rejections_by_learner[(push.learner, reason)] += 1
+        return Verdict(False, reason, detail)
+
+    def submit(self, push: Push) -> Verdict:
+        """Validate a push and place it in the open (or next) round of its fragment."""
+        now = self.clock()
+        log = self._seqs.get(push.learner)
+        if log is not None and log.seen(push.seq):
+            return self._reject(push, Reject.DUPLICATE, f"seq {push.seq} seen before")
+        if log is None:
+            log = self._seqs[push.learner] = _SeqLog(push.seq)
+        log.add(push.seq)
+        problem = self._malformed(push)
+        if problem:
+            return self._reject(push, Reject.MALFORMED, problem)
+        frag = self._frags[push.fragment]
+        staleness = frag.version - push.base_version
+        if staleness > self.max_staleness:
+            return self._reject(push, Reject.STALE, f"{staleness} versions behind, max {self.max_staleness}")
+        contained = self._contained(push)
+        if contained:
+            return self._reject(push, Reject.DUPLICATE, contained)
+        try:
+            delta = self.codec.decode(push.payload)
+        except (ValueError, TypeError) as err:
+            return self._reject(push, Reject.MALFORMED, f"cannot decode: {err}")
+        if not np.all(np.isfinite(delta)):
+            return self._reject(push, Reject.NONFINITE, "NaN or Inf in the delta")
+        norm_per_step = float(np.linalg.norm(delta.astype(np.float64))) / push.steps
+        outlier = frag.outlier.check(norm_per_step)
+        frag.outlier.add(norm_per_step)
+        if outlier:
+            return self._reject(push, Reject.NORM_OUTLIER, outlier)
+        self._observe_step(push)
+        entry = _Entry(push, delta, now, push.steps, push.tokens, self._incarnation.get(push.learner, 0))
+        return self._place(frag, entry)
+
+    def _malformed(self, push: Push) -> str:
+        if not 0 <= push.fragment < len(self._frags):
+            return f"fragment {push.fragment} not in 0..{len(self._frags) - 1}"
+        if push.steps < 1 or push.tokens < 0:
+            return f"steps={push.steps} must be >= 1 and tokens={push.tokens} >= 0"
+        if not 0 <= push.base_version <= self._frags[push.fragment].version:
+            return f"base_version {push.base_version} outside 0..{self._frags[push.fragment].version}"
+        if not isinstance(push.payload, Encoded):
+            return f"payload is a {type(push.payload).__name__}, not Encoded"
+        if push.payload.codec != self.codec.name:
+            return f"codec {push.payload.codec!r}, expected {self.codec.name!r}"
+        if push.payload.length != self.sizes[push.fragment]:
+            return f"{push.payload.length} values, fragment {push.fragment} has {self.sizes[push.fragment]}"
+        return ""
+
+    def _contained(self, push: Push) -> str:
+        """Non-empty when a newer push from the same anchor already holds this one."""
+        frag = self._frags[push.fragment]
+        anchor = (push.learner, push.base_version, self._incarnation.get(push.learner, 0))
+        entries = (frag.open.entries.get(push.learner), *frag.queue)
+        newer = [e.push.seq for e in entries if e and e.anchor == anchor]
+        merged = self._merged.get((push.learner, push.fragment))
+        if merged and (push.learner, *merged[:2]) == anchor:
+            newer.append(merged[2])
+        if newer and max(newer) > push.seq:
+            return f"seq {push.seq} is older than seq {max(newer)} from the same anchor"
+        return ""
+
+    def _observe_step(self, push: Push) -> None:
+        key = (push.learner, push.fragment)
+        last = self._last_sent.get(key)
+        self._last_sent[key] = push.sent_at
+        if self.step_time_from_pushes and last is not None and push.sent_at > last:
+            self.grace.observe_step((push.sent_at - last) / push.steps)
+
+    def _place(self, frag: _Fragment, entry: _Entry) -> Verdict:
+        learner = entry.push.learner
+        current = frag.open.entries.get(learner)
+        if current is None:
+            frag.open.entries[learner] = entry
+            return Verdict(True)
+        if current.anchor == entry.anchor:
+            frag.open.entries[learner] = _supersede(current, entry)
+            return Verdict(True, superseded=True)
+        for i, queued in enumerate(frag.queue):
+            if queued.anchor == entry.anchor:
+                frag.queue[i] = _supersede(queued, entry)
+                return Verdict(True, queued=True, superseded=True)
+        frag.queue.append(entry)
+        return Verdict(True, queued=True)
+
+    def deadline(self, p: int, healthy: Collection[int]) -> float | None:
+        """Clock time at which round p may close; None while short of quorum."""
+        return self._frags[p].open.deadline(healthy, self.quorum, self.grace.window_s())
+
+    def ready_to_close(self, p: int, healthy: Collection[int]) -> bool:
+        """Whether round p may close now (quorum, then grace or all healthy pushed)."""
+        deadline = self.deadline(p, healthy)
+        return deadline is not None and self.clock() >= deadline
+
+    def closable(self, healthy: Collection[int]) -> list[int]:
+        """Fragments whose rounds may close now, ascending."""
+        return [p for p in range(len(self._frags)) if self.ready_to_close(p, healthy)]
+
+    def close(self, p: int, healthy: Collection[int] | None = None) -> RoundResult:
+        """Close round p, bump v_p and open the next round with any queued pushes.
+
+        ``healthy`` only refines the recorded quorum time; without it the quorum is
+        taken as min(K, contributors).
+        """
+        frag = self._frags[p]
+        entries = sorted(frag.open.entries.values(), key=lambda e: e.push.learner)
+        if not entries:
+            raise ValueError(f"round of fragment {p} has no pushes to close")
+        now = self.clock()
+        needed = quorum_needed(self.quorum, healthy) if healthy is not None else None
+        quorum_at = frag.open.quorum_at(needed or min(self.quorum, len(entries)))
+        opened_at = min(e.arrived_at for e in entries)
+        if quorum_at is not None:
+            self.grace.observe_quorum(quorum_at - opened_at)
+        staleness = tuple(frag.version - e.push.base_version for e in entries)
+        deltas = tuple(self._net_delta(e) for e in entries)
+        expired = self._reopen(frag, now)
+        frag.closed_at = now
+        return RoundResult(
+            fragment=p,
+            version=frag.version,
+            learners=tuple(e.push.learner for e in entries),
+            seqs=tuple(e.push.seq for e in entries),
+            deltas=deltas,
+            tokens=tuple(e.tokens for e in entries),
+            steps=tuple(e.steps for e in entries),
+            staleness=staleness,
+            opened_at=opened_at,
+            quorum_at=quorum_at,
+            closed_at=now,
+            grace_window_s=self.grace.window_s(),
+            waited_s=0.0 if quorum_at is None else max(0.0, now - quorum_at),
+            expired=expired,
+        )
+
+    def _net_delta(self, entry: _Entry) -> np.ndarray:
+        """The entry's delta minus what an earlier push from its anchor already gave."""
+        push = entry.push
+        key = (push.learner, push.fragment)
+        before = self._merged.get(key)
+        self._merged[key] = (push.base_version, entry.incarnation, push.seq, push.payload)
+        if before is None or before[:2] != (push.base_version, entry.incarnation):
+            return entry.delta
+        return entry.delta - self.codec.decode(before[3])
+
+    def _reopen(self, frag: _Fragment, now: float) -> tuple[int, ...]:
+        """Bump the version, open a new round, move queued pushes into it."""
+        frag.version += 1
+        frag.open = Round(frag.open.fragment)
+        # A push from a base this old would be rejected as stale: its record is dead.
+        oldest = frag.version - self.max_staleness
+        for key, (base, *_) in list(self._merged.items()):
+            if key[1] == frag.open.fragment and base < oldest:
+                del self._merged[key]
+        queue, frag.queue, expired = frag.queue, [], []
+        for entry in queue:
+            push = entry.push
+            if frag.version - push.base_version > self.max_staleness:
+                self.rejections[Reject.STALE] += 1
+                self.rejections_by_learner[(push.learner, Reject.STALE)] += 1
+                expired.append(push.learner)
+                continue
+            # Queued pushes count as arriving when their round opens.
+            entry.arrived_at = now
+            self._place(frag, entry)
+        return tuple(expired)
+
+    def mark_sent(self, p: int) -> None:
+        """The merged fragment p has been sent: record the sync time."""
+        frag = self._frags[p]
+        if frag.closed_at is not None:
+            self.grace.observe_sync(self.clock() - frag.closed_at)
+            frag.closed_at = None
+
+
+def _supersede(old: _Entry, new: _Entry) -> _Entry:
+    """The newer cumulative delta replaces the older; counters add (reset per send)."""
+    return _Entry(new.push, new.delta, old.arrived_at, old.steps + new.steps, old.tokens + new.tokens, new.incarnation)

@@ -1,0 +1,282 @@
+"""The syncer: holds the global fragments, runs rounds, merges, steps, sends back.
+
+Not thread-safe and free of Ray: the engine's actor wraps it with a lock and a ticking thread,
+tests drive it with a fake clock. Every decision is reported as an event for the run log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dlc.algo.decoupled.rounds import GraceWindow, Push, RoundBook, RoundResult
+from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
+from dlc.config.schema import Recipe
+from dlc.core.codec import get_codec
+from dlc.core.fragments import FragmentPlan
+from dlc.net.transport import MergedFragment
+
+# Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
+EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
+
+Deliver = Callable[[int, MergedFragment], int]  # (learner, message) -> bytes sent
+
+
+def counter_status(syncer: Any, now: float) -> dict[str, Any]:
+    """The counters every syncer (this one, dlc.algo.blocking.syncer's) reports in its status."""
+    rounds = syncer.rounds_closed
+    return {
+        "rounds_closed": rounds,
+        "mean_contributors": round(syncer.contributions / rounds, 3) if rounds else 0.0,
+        "pushes_accepted": syncer.accepted,
+        "bytes_up": syncer.bytes_up,
+        "bytes_down": syncer.bytes_down,
+        "contributed": {str(k): v for k, v in sorted(syncer.contributed.items())},
+        "last_push_age_s": {str(k): round(now - t, 3) for k, t in syncer.last_push_at.items()},
+    }
+
+
+class Syncer:
+    def __init__(
+        self,
+        recipe: Recipe,
+        plan: FragmentPlan,
+        initial: dict[str, np.ndarray],
+        deliver: Deliver,
+        clock: Callable[[], float],
+    ) -> None:
+        cfg = recipe.syncer
+        self.cfg = cfg
+        self.plan = plan
+        self.deliver = deliver
+        self.clock = clock
+        self.down_codec = get_codec(cfg.down_codec)
+        self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
+        self.momentum = [np.zeros_like(t) for t in self.theta]
+        self.outer = OuterNesterov(cfg.outer_lr, cfg.outer_momentum)
+        self.book = self._new_book([0] * plan.num_fragments)
+        self.heartbeats: dict[int, float] = {}
+        self.members: set[int] = set()
+        self.rounds_closed = 0
+        self.contributions = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.accepted = 0
+        self.contributed: Counter[int] = Counter()
+        self.last_push_at: dict[int, float] = {}
+        self.events: list[dict[str, Any]] = []
+        self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
+        self.merged_seqs: dict[int, list[int]] = {}  # recent merged seqs per learner, for restarts
+
+    def _new_book(self, versions: list[int]) -> RoundBook:
+        cfg = self.cfg
+        return RoundBook(
+            [self.plan.size(p) for p in range(self.plan.num_fragments)],
+            cfg.codec,
+            quorum=cfg.quorum,
+            max_staleness=cfg.max_staleness,
+            grace=GraceWindow(gamma=cfg.grace_gamma, tau=max(cfg.overlap_steps, 1)),
+            clock=self.clock,
+            versions=versions,
+        )
+
+    # -- membership and health ----------------------------------------------------------------
+
+    def join(self, learner: int) -> None:
+        self.members.add(learner)
+        self.heartbeats[learner] = self.clock()
+
+    def rejoin(self, learner: int) -> None:
+        """A restarted learner: a new incarnation whose seqs start again."""
+        self.book.forget_learner(learner)
+        self.join(learner)
+
+    def leave(self, learner: int) -> None:
+        self.members.discard(learner)
+
+    def heartbeat(self, learner: int) -> None:
+        self.heartbeats[learner] = self.clock()
+
+    def healthy(self) -> set[int]:
+        now = self.clock()
+        return {m for m in self.members if now - self.heartbeats.get(m, -1e18) <= self.cfg.heartbeat_timeout_s}
+
+    # -- rounds --------------------------------------------------------------------------------
+
+    def push(self, push: Push) -> None:
+        self.bytes_up += push.payload.nbytes
+        self.last_push_at[push.learner] = self.clock()
+        verdict = self.book.submit(push)
+        common = {
+            "learner": push.learner,
+            "fragment": push.fragment,
+            "seq": push.seq,
+            "steps": push.steps,
+            "base_version": push.base_version,
+            "version": self.book.version(push.fragment),
+        }
+        if verdict.accepted:
+            self.accepted += 1
+            self.events.append(
+                {
+                    "kind": "push_accepted",
+                    **common,
+                    "bytes": push.payload.nbytes,
+                    "queued": verdict.queued,
+                    "superseded": verdict.superseded,
+                }
+            )
+        else:
+            self.events.append(
+                {"kind": "push_rejected", **common, "reason": str(verdict.reason), "detail": verdict.detail}
+            )
+
+    def tick(self) -> int:
+        """Close every round that may close now; returns how many closed."""
+        healthy = self.healthy()
+        ready = self.book.closable(healthy)
+        for p in ready:
+            self._close(p, healthy)
+        return len(ready)
+
+    def flush(self) -> int:
+        """Close every round holding a push, quorum or not (end of run)."""
+        pending = [p for p in range(self.plan.num_fragments) if self.book.pending(p)]
+        for p in pending:
+            self._close(p, self.healthy())
+        return len(pending)
+
+    def _close(self, p: int, healthy: set[int]) -> RoundResult:
+        result = self.book.close(p, healthy)
+        weights = merge_weights(result.tokens, result.steps, self.cfg.weighting)
+        merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
+        self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
+        pairs = tuple(zip(result.learners, result.seqs, strict=True))
+        self.rounds_closed += 1
+        self.contributions += len(result.learners)
+        self.contributed.update(result.learners)
+        self._remember_merged(pairs)
+        if self.journal is not None:  # before anyone sees the new version: a restart replays it
+            self.journal(
+                {
+                    "fragment": p,
+                    "version": result.version,
+                    "theta": self.theta[p],
+                    "momentum": self.momentum[p],
+                    "merged": pairs,
+                    "counters": self._counters(),
+                }
+            )
+        message = MergedFragment(p, result.version, self.down_codec.encode(self.theta[p]), self.clock(), pairs)
+        for learner in sorted(self.members):
+            self.bytes_down += self.deliver(learner, message)
+        self.book.mark_sent(p)
+        self.events.append(
+            {
+                "kind": "round_closed",
+                "fragment": p,
+                "version": result.version,
+                "contributors": list(result.learners),
+                "weights": [round(float(w), 4) for w in weights],
+                "staleness": list(result.staleness),
+                "grace_s": round(result.grace_window_s, 4),
+                "waited_s": round(result.waited_s, 4),
+                "tokens": list(result.tokens),
+                "seqs": list(result.seqs),
+                "expired": list(result.expired),
+            }
+        )
+        return result
+
+    def _remember_merged(self, pairs: tuple[tuple[int, int], ...]) -> None:
+        # Enough history to recognise a re-sent push: a push older than this would be stale.
+        keep = 4 * self.plan.num_fragments * (self.cfg.max_staleness + 1)
+        for learner, seq in pairs:
+            seqs = self.merged_seqs.setdefault(learner, [])
+            seqs.append(seq)
+            del seqs[:-keep]
+
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "rounds_closed": self.rounds_closed,
+            "contributions": self.contributions,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "accepted": self.accepted,
+            "rejections": {str(k): v for k, v in self.book.rejections.items()},
+            "contributed": {str(k): v for k, v in self.contributed.items()},
+            "merged_seqs": {str(k): v for k, v in self.merged_seqs.items()},
+        }
+
+    def replay(self, record: dict[str, Any]) -> bool:
+        """Apply one journal record newer than the state; returns whether it was applied."""
+        p = record["fragment"]
+        if record["version"] <= self.book.version(p):
+            return False
+        self.theta[p] = np.asarray(record["theta"], dtype=np.float32)
+        self.momentum[p] = np.asarray(record["momentum"], dtype=np.float32)
+        versions = list(self.book.versions)
+        versions[p] = record["version"]
+        self._restore_counters(versions, record["counters"])
+        return True
+
+    def _restore_counters(self, versions: list[int], counters: dict[str, Any]) -> None:
+        self.book = self._new_book(versions)
+        self.book.rejections.update(dict(counters["rejections"]))
+        self.rounds_closed, self.contributions = counters["rounds_closed"], counters["contributions"]
+        self.bytes_up, self.bytes_down, self.accepted = (
+            counters["bytes_up"],
+            counters["bytes_down"],
+            counters["accepted"],
+        )
+        self.contributed = Counter({int(k): v for k, v in counters["contributed"].items()})
+        self.merged_seqs = {int(k): list(v) for k, v in counters.get("merged_seqs", {}).items()}
+        for learner, seqs in self.merged_seqs.items():
+            for seq in seqs:
+                self.book.remember(learner, seq)
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def versions(self) -> list[int]:
+        return list(self.book.versions)
+
+    def fingerprint(self) -> str:
+        return self.plan.fingerprint()
+
+    def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The global model as a flat dict (shapes from `like`)."""
+        return self.plan.assemble(self.theta, like)
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "versions": list(self.book.versions),
+            "quorum": self.cfg.quorum,
+            "healthy": sorted(self.healthy()),
+            "grace_window_s": round(self.book.grace.window_s(), 4),
+            "rejections": {str(k): v for k, v in self.book.rejections.items()},
+            **counter_status(self, now),
+        }
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    # -- checkpoint state ----------------------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tree = {
+            "theta": {str(p): t for p, t in enumerate(self.theta)},
+            "momentum": {str(p): m for p, m in enumerate(self.momentum)},
+        }
+        meta = {"versions": list(self.book.versions), **self._counters(), "plan": self.plan.fingerprint()}
+        return tree, meta
+
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        P = self.plan.num_fragments
+        self.theta = [np.asarray(tree["theta"][str(p)], dtype=np.float32) for p in range(P)]
+        self.momentum = [np.asarray(tree["momentum"][str(p)], dtype=np.float32) for p in range(P)]
+        self._restore_counters(list(meta["versions"]), meta)

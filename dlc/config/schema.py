@@ -1,0 +1,459 @@
+"""The recipe: one typed tree describing a training run, loaded from YAML plus overrides.
+
+Every field is declared here with its unit in its name and a description; a key that is not
+declared is an error with a did-you-mean, never a silently ignored default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dlc.errors import UserError
+from dlc.net.link import LinkSpec
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("run", description="Run name; the default run directory is runs/<name>-<timestamp>.")
+    dir: str | None = Field(
+        None,
+        description="Run directory. Default: runs/<name>-<UTC timestamp>. Point it at an existing run "
+        "directory to resume from its checkpoint.",
+    )
+    seed: int = Field(0, description="Seed for parameter initialisation and the data split.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many inner steps per learner.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Stop after this many training tokens (bytes), all learners together."
+    )
+    max_wall_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
+    log_every_steps: int = Field(50, ge=1, description="Steps between train-loss lines in metrics.jsonl and the log.")
+    status_interval_s: float = Field(1.0, gt=0, description="Seconds between rewrites of status.json.")
+
+    @model_validator(mode="after")
+    def _needs_a_stop(self) -> RunConfig:
+        if self.max_steps is None and self.max_tokens is None and self.max_wall_s is None:
+            raise ValueError("no stop condition: set run.max_steps, run.max_tokens or run.max_wall_s")
+        return self
+
+
+class ModelConfig(Section):
+    width: int = Field(64, ge=8, description="Model width (embedding dimension), in units.")
+    num_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads per block; must divide width.")
+    mlp_ratio: int = Field(4, ge=1, description="MLP hidden size as a multiple of width.")
+    context_len: int = Field(128, ge=2, description="Longest sequence the model accepts, in bytes.")
+    tie_embeddings: bool = Field(True, description="Reuse the input embedding as the output layer.")
+    init_std: float = Field(0.02, gt=0, description="Standard deviation of the normal initialisation.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.width % self.num_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} does not divide model.width={self.width}: "
+                "choose a head count that divides the width"
+            )
+        return self
+
+
+class DataConfig(Section):
+    source: Literal["stdlib", "text"] = Field(
+        "stdlib",
+        description="stdlib: the running interpreter's standard-library sources (no download); "
+        "text: the files named in data.paths.",
+    )
+    paths: list[str] = Field(
+        default_factory=list,
+        description="Files or glob patterns (** allowed) for data.source=text, read as bytes.",
+    )
+    max_corpus_bytes: int | None = Field(
+        None, ge=1, description="Use at most this many bytes of the corpus (files in order)."
+    )
+    block_bytes: int = Field(
+        4096, ge=64, description="Corpus block size in bytes; blocks are shuffled and dealt to eval and learners."
+    )
+    eval_fraction: float = Field(0.02, gt=0, lt=0.5, description="Fraction of blocks held out for eval.")
+
+    @model_validator(mode="after")
+    def _text_needs_paths(self) -> DataConfig:
+        if self.source == "text" and not self.paths:
+            raise ValueError("data.source=text needs data.paths: a list of files or globs")
+        return self
+
+
+class LearnerOverride(Section):
+    index: int = Field(..., ge=0, description="Which learner (0-based) these settings apply to.")
+    batch_size: int | None = Field(None, ge=1, description="Sequences per inner step for this learner.")
+    step_time_s: float | None = Field(None, ge=0, description="Pace: this learner never steps faster than this.")
+    num_cpus: float | None = Field(None, ge=0, description="Ray CPU resources reserved for this learner.")
+    num_gpus: float | None = Field(None, ge=0, description="Ray GPU resources reserved for this learner.")
+    bandwidth_mbps: float | None = Field(None, gt=0, description="This learner's link bandwidth, Mbit/s each way.")
+    latency_ms: float | None = Field(None, ge=0, description="This learner's one-way link latency, ms.")
+    jitter_ms: float | None = Field(None, ge=0, description="This learner's latency jitter (half-normal scale), ms.")
+
+
+class LearnersConfig(Section):
+    count: int = Field(1, ge=1, description="Number of learners (M).")
+    batch_size: int = Field(16, ge=1, description="Sequences per inner step, per learner.")
+    seq_len: int = Field(128, ge=2, description="Training sequence length in bytes; at most model.context_len.")
+    step_time_s: float = Field(0.0, ge=0, description="Pace: no learner steps faster than this (0 = no pace).")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved per learner.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPU resources reserved per learner.")
+    xla_cpu_threads: int = Field(1, ge=1, description="XLA CPU threads per learner process.")
+    join_streams: int = Field(
+        2, ge=0, description="Data streams held back for learners that join during the run, one per joiner."
+    )
+    bandwidth_mbps: float | None = Field(
+        None,
+        gt=0,
+        description="Emulated bandwidth of each learner's link to the syncer, Mbit/s each way (null = unlimited).",
+    )
+    latency_ms: float = Field(0.0, ge=0, description="Emulated one-way latency of each learner's link, ms.")
+    jitter_ms: float = Field(
+        0.0, ge=0, description="Emulated latency jitter, ms (half-normal scale; messages never overtake)."
+    )
+    overrides: list[LearnerOverride] = Field(default_factory=list, description="Per-learner settings.")
+
+    def link_of(self, index: int) -> LinkSpec:
+        """Learner `index`'s link to the syncer (a joiner beyond the overrides gets the defaults)."""
+        spec = {"bandwidth_mbps": self.bandwidth_mbps, "latency_ms": self.latency_ms, "jitter_ms": self.jitter_ms}
+        for o in self.overrides:
+            if o.index == index:
+                spec.update({k: getattr(o, k) for k in spec if getattr(o, k) is not None})
+        return LinkSpec(**spec)
+
+    def batch_size_of(self, index: int) -> int:
+        return next((o.batch_size for o in self.overrides if o.index == index and o.batch_size), self.batch_size)
+
+    def step_time_s_of(self, index: int) -> float:
+        for o in self.overrides:
+            if o.index == index and o.step_time_s is not None:
+                return o.step_time_s
+        return self.step_time_s
+
+
+class InnerConfig(Section):
+    lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final learning rate as a fraction of lr (cosine).")
+    warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps from 0 to lr.")
+    schedule_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Length of the cosine schedule in steps. Default: run.max_steps, or derived from "
+        "run.max_tokens; required when the run stops only on wall time.",
+    )
+    weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay.")
+    b1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")
+    b2: float = Field(0.99, ge=0, lt=1, description="AdamW second-moment decay.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this value.")
+
+
+class SyncerConfig(Section):
+    """Settings of the syncer that merges learners' progress (Decoupled DiLoCo)."""
+
+    fragments: int = Field(
+        24, ge=1, description="P: parameter fragments, synced one at a time on a staggered schedule."
+    )
+    sync_interval_steps: int = Field(24, ge=1, description="H: inner steps between two syncs of the same fragment.")
+    overlap_steps: int = Field(
+        2, ge=0, description="tau: steps a learner trains on before adopting a merged fragment it sent for."
+    )
+    quorum: int = Field(1, ge=1, description="K: healthy learners whose pushes a round needs before it may close.")
+    grace_gamma: float = Field(
+        0.5, ge=0, le=1, description="Grace window = gamma * (tau * step time - quorum time - sync time), each an EMA."
+    )
+    heartbeat_interval_s: float = Field(0.5, gt=0, description="Seconds between a learner's heartbeats.")
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="A learner silent this long is unhealthy: rounds stop waiting for it."
+    )
+    max_staleness: int = Field(4, ge=0, description="Reject a push whose base is more than this many versions old.")
+    weighting: Literal["uniform", "tokens", "tokens_per_step"] = Field(
+        "tokens_per_step", description="Merge weights: uniform, by tokens, or tokens^2/steps (fair to slow learners)."
+    )
+    merge: Literal["mean", "rda"] = Field(
+        "mean", description="mean: weighted average of deltas; rda: radial-directional averaging per tensor."
+    )
+    outer_lr: float = Field(
+        1.0, gt=0, description="Outer Nesterov SGD learning rate (1.0 with momentum 0: the weighted average)."
+    )
+    outer_momentum: float = Field(
+        0.0, ge=0, lt=1, description="Outer Nesterov momentum (DiLoCo uses 0.9 with lr 0.7 at H=500)."
+    )
+    adopt: Literal["replace", "mix", "rebase"] = Field(
+        "replace",
+        description="How a learner adopts a merged fragment: replace its values, mix them (mix_alpha), or "
+        "rebase (keep the progress made while the fragment was in flight).",
+    )
+    mix_alpha: float = Field(0.5, ge=0, le=1, description="adopt=mix: weight of the learner's own values.")
+    codec: Literal["none", "bf16", "int8", "int4"] = Field(
+        "int4", description="Compression of outer gradients learner -> syncer (none = fp32)."
+    )
+    codec_block_values: int = Field(64, ge=2, description="Values per absmax scale block for int8 / int4.")
+    down_codec: Literal["none", "bf16"] = Field(
+        "none", description="Encoding of merged fragments syncer -> learner (none = fp32)."
+    )
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved for the syncer.")
+    checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
+
+
+class BlockingConfig(Section):
+    """Settings of the blocking baselines, dp and diloco."""
+
+    reconfigure_s: float = Field(
+        20.0,
+        ge=0,
+        description="Elastic pause: the whole job stops this long each time a learner is lost or returns "
+        "(the constant dlc simulate fits to the paper's elastic-DP goodput).",
+    )
+    dp_codec: Literal["none", "bf16"] = Field(
+        "none",
+        description="dp: encoding of the gradient every learner sends every step and of the model it gets back "
+        "(none = fp32).",
+    )
+
+
+class ClusterConfig(Section):
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join (e.g. ray://head:10001 or auto). Default: start an embedded local "
+        "cluster bound to 127.0.0.1 with no dashboard.",
+    )
+    num_cpus: float | None = Field(
+        None, ge=1, description="CPUs the embedded cluster advertises. Default: enough for every learner."
+    )
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at exit).")
+    keep: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
+
+
+class EvalConfig(Section):
+    every_steps: int = Field(200, ge=1, description="Steps between evaluations on the held-out split.")
+    batches: int = Field(8, ge=1, description="Batches per evaluation (fixed windows of the held-out split).")
+    batch_size: int = Field(16, ge=1, description="Sequences per eval batch.")
+
+
+class Recipe(Section):
+    run: RunConfig = Field(
+        default_factory=lambda: RunConfig(max_steps=1000), description="Run identity and stop condition."
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The byte-level transformer.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Corpus and splits.")
+    learners: LearnersConfig = Field(default_factory=LearnersConfig, description="Learner islands.")
+    inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner optimizer (AdamW).")
+    algorithm: Literal["decoupled", "diloco", "dp", "none"] = Field(
+        "decoupled",
+        description="decoupled: Decoupled DiLoCo; diloco: blocking DiLoCo (every H steps all learners send "
+        "the whole model and wait); dp: data-parallel (every step all learners send gradients and wait); "
+        "none: independent learners that never synchronise (a baseline for overhead; no global model).",
+    )
+    syncer: SyncerConfig = Field(default_factory=SyncerConfig, description="Syncer (outer loop).")
+    blocking: BlockingConfig = Field(default_factory=BlockingConfig, description="The dp and diloco baselines.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the processes run (Ray).")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint policy.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Recipe:
+        ctx = self.model.context_len
+        if self.learners.seq_len > ctx:
+            raise ValueError(
+                f"learners.seq_len={self.learners.seq_len} is longer than model.context_len={ctx}: "
+                "shorten seq_len or raise context_len"
+            )
+        for o in self.learners.overrides:
+            if o.index >= self.learners.count:
+                raise ValueError(
+                    f"learners.overrides has index {o.index} but learners.count={self.learners.count}: "
+                    f"indices run from 0 to {self.learners.count - 1}"
+                )
+        sync = self.syncer
+        if sync.quorum > self.learners.count:
+            raise ValueError(
+                f"syncer.quorum={sync.quorum} but only {self.learners.count} learners: lower the quorum or add learners"
+            )
+        if sync.overlap_steps >= sync.sync_interval_steps:
+            raise ValueError(
+                f"syncer.overlap_steps={sync.overlap_steps} must be smaller than syncer.sync_interval_steps="
+                f"{sync.sync_interval_steps} (tau < H): a fragment must arrive before it is due again"
+            )
+        if sync.heartbeat_timeout_s <= sync.heartbeat_interval_s:
+            raise ValueError(
+                f"syncer.heartbeat_timeout_s={sync.heartbeat_timeout_s} must exceed syncer.heartbeat_interval_s="
+                f"{sync.heartbeat_interval_s}, or every learner looks dead between heartbeats"
+            )
+        if self.run.max_steps is None and self.run.max_tokens is None and self.inner.schedule_steps is None:
+            raise ValueError(
+                "the run stops only on run.max_wall_s, so the learning-rate schedule has no length: "
+                "set inner.schedule_steps"
+            )
+        return self
+
+    def schedule_steps(self) -> int:
+        """Length of the inner learning-rate schedule in steps."""
+        if self.inner.schedule_steps is not None:
+            return self.inner.schedule_steps
+        if self.run.max_steps is not None:
+            return self.run.max_steps
+        assert self.run.max_tokens is not None
+        tokens_per_round = sum(
+            self.learners.batch_size_of(i) * self.learners.seq_len for i in range(self.learners.count)
+        )
+        return max(1, -(-self.run.max_tokens // tokens_per_round))
+
+    def default_run_dir(self) -> Path:
+        return Path("runs") / f"{self.run.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and overrides
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["a.b=1", "c=x"]` -> nested dict, values parsed as YAML scalars (`1` -> int, `[1,2]` -> list)."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UserError(f"override {item!r} is not key=value: write it as e.g. learners.count=2")
+        value = _parse_scalar(raw)
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"override {item!r} conflicts with an earlier override of {part!r}")
+            node = child
+        node[leaf] = value
+    return tree
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-3 as a string; a user means the number
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def merge_tree(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_tree(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def recipe_from_dict(data: dict[str, Any], origin: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(describe_validation_error(exc, origin)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read a YAML recipe, apply dotted key=value overrides, validate the whole tree once."""
+    path = Path(path)
+    if not path.is_file():
+        hint = ", ".join(sorted(p.name for p in Path("recipes").glob("*.yaml"))) if Path("recipes").is_dir() else ""
+        raise UserError(f"recipe file {str(path)!r} not found" + (f": recipes here are {hint}" if hint else ""))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"recipe {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {str(path)!r} must be a mapping of sections (run:, model:, ...)")
+    data = merge_tree(data, parse_overrides(overrides or []))
+    return recipe_from_dict(data, origin=str(path))
+
+
+def _field_names(loc: tuple[Any, ...]) -> list[str]:
+    """Declared field names at the place `loc` points to (for did-you-mean)."""
+    model: Any = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            if isinstance(part, int):
+                continue
+            return []
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        candidates = [annotation, *args]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def describe_validation_error(exc: ValidationError, origin: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "recipe"
+        if err["type"] == "extra_forbidden":
+            names = _field_names(loc)
+            close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+            hint = (
+                f"did you mean {'.'.join(str(p) for p in loc[:-1] + (close[0],))}?"
+                if close
+                else (f"valid keys here: {', '.join(names)}" if names else "remove it")
+            )
+            lines.append(f"unknown key {where}: {hint}")
+        elif err["type"] == "value_error":
+            lines.append(str(err["msg"]).removeprefix("Value error, "))
+        else:
+            value = err.get("input")
+            lines.append(f"{where}={value!r}: {err['msg']}")
+    return f"invalid recipe {origin}:\n  " + "\n  ".join(lines)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def reference_markdown() -> str:
+    """The recipe reference tables of the README, generated from the declared fields."""
+    from pydantic_core import PydanticUndefined
+
+    lines: list[str] = ["**top level**", "", "| key | default | meaning |", "|---|---|---|"]
+    for name, field in Recipe.model_fields.items():
+        if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            lines.append(f"| `{name}` | `{json.dumps(field.default)}` | {field.description} |")
+    lines.append("")
+    for section, field in Recipe.model_fields.items():
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        lines += [f"**`{section}`**: {field.description}", "", "| key | default | meaning |", "|---|---|---|"]
+        for name, sub in model.model_fields.items():
+            if sub.default_factory is not None:
+                default: Any = sub.default_factory()  # type: ignore[call-arg]
+            else:
+                default = "required" if sub.default is PydanticUndefined else sub.default
+            shown = default if default == "required" else json.dumps(default)
+            lines.append(f"| `{section}.{name}` | `{shown}` | {sub.description} |")
+            item = next(iter(getattr(sub.annotation, "__args__", ())), None)
+            if isinstance(item, type) and issubclass(item, BaseModel):  # a list of per-item settings
+                for key, leaf in item.model_fields.items():
+                    leaf_default = "required" if leaf.default is PydanticUndefined else json.dumps(leaf.default)
+                    lines.append(f"| `{section}.{name}[].{key}` | `{leaf_default}` | {leaf.description} |")
+        lines.append("")
+    return "\n".join(lines)

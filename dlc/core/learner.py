@@ -1,0 +1,132 @@
+"""One learner: parameters, AdamW state and a byte stream, stepped by a host loop.
+
+The jitted step stays pure; everything with a side effect (pacing, metrics, checkpoints, and
+later pushing fragments to the syncer) happens here, around it. Metrics of step t are read
+after step t+1 has been dispatched so the host never waits on the device for them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dlc.config.schema import Recipe
+from dlc.core.data import ByteStream
+from dlc.core.model import Params, build_model
+from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one finished inner step reports to the host loop."""
+
+    step: int
+    tokens: int
+    loss: float
+    grad_norm: float
+    step_time_s: float
+
+
+class Learner:
+    def __init__(self, recipe: Recipe, index: int, stream_bytes: np.ndarray) -> None:
+        self.index = index
+        self.batch_size = recipe.learners.batch_size_of(index)
+        self.seq_len = recipe.learners.seq_len
+        self.pace_s = recipe.learners.step_time_s_of(index)
+        self.graphdef, params = build_model(recipe.model, recipe.run.seed)
+        self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
+        self.params: Params = jax.device_put(params)
+        self.opt_state: Any = self.optimizer.init(self.params)
+        self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
+        self._train_step = make_train_step(self.graphdef, self.optimizer)
+        self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
+        self.step = 0
+        self.tokens = 0
+        self._pending: tuple[int, int, dict[str, jax.Array], float] | None = None
+        self._finished: list[StepRecord] = []  # records not yet collected by the host loop
+        self._last_start = 0.0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def _pace(self) -> float:
+        if self.pace_s:
+            wait = self._last_start + self.pace_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        self._last_start = time.monotonic()
+        return self._last_start
+
+    def train_step(self) -> StepRecord | None:
+        """Dispatch one inner step; return the previous step's record (None on the first)."""
+        start = self._pace()
+        x_BxT, y_BxT = self.stream.next_batch()
+        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, x_BxT, y_BxT)
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        previous, self._pending = self._pending, (self.step, self.tokens, metrics, start)
+        return self._finish(previous, start) if previous else None
+
+    def compute_gradient(self) -> dict[str, Any]:
+        """The gradient of the loss on the next batch at the current parameters, on the host.
+
+        Counts as a step (tokens, step counter, record); the parameters do not change here.
+        """
+        self.flush()
+        if self._grad_step is None:
+            self._grad_step = make_grad_step(self.graphdef)
+        start = self._pace()
+        x_BxT, y_BxT = self.stream.next_batch()
+        loss, grads, norm = jax.device_get(self._grad_step(self.params, x_BxT, y_BxT))
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        now = time.monotonic()
+        self._finished.append(StepRecord(self.step, self.tokens, float(loss), float(norm), now - start))
+        return grads
+
+    def set_params(self, params: Params) -> None:
+        """Replace the parameters with host arrays of the same structure (the global model)."""
+        self.flush()
+        self.params = jax.tree_util.tree_map(jnp.asarray, params)
+
+    def flush(self) -> StepRecord | None:
+        """Wait for the step in flight and return its record."""
+        pending, self._pending = self._pending, None
+        return self._finish(pending, time.monotonic()) if pending else None
+
+    def take_records(self) -> list[StepRecord]:
+        """Every record finished since the last call, whoever flushed it (a checkpoint, a copy)."""
+        records, self._finished = self._finished, []
+        return records
+
+    def _finish(self, pending: tuple[int, int, dict[str, jax.Array], float], now: float) -> StepRecord:
+        step, tokens, metrics, started = pending
+        host = jax.device_get(metrics)
+        record = StepRecord(step, tokens, float(host["loss"]), float(host["grad_norm"]), now - started)
+        self._finished.append(record)
+        return record
+
+    # -- state, for checkpoints and (later) copies to a rejoining peer -----------------------
+
+    def state_tree(self) -> dict[str, Any]:
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def state_meta(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens, "data_position": self.stream.position}
+
+    def load_state(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.flush()
+        # Through host memory: orbax restores arrays committed to a device, while adopted fragments
+        # are written back uncommitted, and jit compiles every mix of the two anew.
+        host = jax.device_get(tree)
+        self.params = jax.tree_util.tree_map(jnp.asarray, host["params"])
+        self.opt_state = jax.tree_util.tree_map(jnp.asarray, host["opt_state"])
+        self.step = int(meta["step"])
+        self.tokens = int(meta["tokens"])
+        self.stream.position = int(meta["data_position"])

@@ -1,0 +1,169 @@
+"""A decoder-only transformer over bytes, in Flax NNX.
+
+The model is built once with `build_model`; training code then works on its parameters as a
+plain nested dict of arrays (`split_params`), so the jitted step is a pure function and the
+syncer can address tensors by their path name (`flatten_params`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dlc.config.schema import ModelConfig
+
+VOCAB_SIZE = 256  # bytes
+Params = dict[str, Any]
+
+
+class CausalSelfAttention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.width // cfg.num_heads
+        init = nnx.initializers.normal(stddev=cfg.init_std)
+        self.qkv = nnx.Linear(cfg.width, 3 * cfg.width, use_bias=False, kernel_init=init, rngs=rngs)
+        # Residual projections start smaller so the residual stream's variance stays bounded
+        # with depth (GPT-2's scaled initialisation).
+        out_init = nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
+        self.out = nnx.Linear(cfg.width, cfg.width, use_bias=False, kernel_init=out_init, rngs=rngs)
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        B, T, D = x_BxTxD.shape
+        qkv = self.qkv(x_BxTxD).reshape(B, T, 3, self.num_heads, self.head_dim)
+        q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        y_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True)
+        return self.out(y_BxTxHxK.reshape(B, T, D))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        hidden = cfg.mlp_ratio * cfg.width
+        init = nnx.initializers.normal(stddev=cfg.init_std)
+        out_init = nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
+        self.up = nnx.Linear(cfg.width, hidden, kernel_init=init, rngs=rngs)
+        self.down = nnx.Linear(hidden, cfg.width, kernel_init=out_init, rngs=rngs)
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x_BxTxD)))
+
+
+class Block(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.norm_attn = nnx.LayerNorm(cfg.width, rngs=rngs)
+        self.attn = CausalSelfAttention(cfg, rngs)
+        self.norm_mlp = nnx.LayerNorm(cfg.width, rngs=rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        x_BxTxD = x_BxTxD + self.attn(self.norm_attn(x_BxTxD))
+        return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
+
+
+class ByteTransformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        init = nnx.initializers.normal(stddev=cfg.init_std)
+        self.embed = nnx.Embed(VOCAB_SIZE, cfg.width, embedding_init=init, rngs=rngs)
+        self.pos_embed = nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm_out = nnx.LayerNorm(cfg.width, rngs=rngs)
+        self.head = (
+            None
+            if cfg.tie_embeddings
+            else nnx.Linear(cfg.width, VOCAB_SIZE, use_bias=False, kernel_init=init, rngs=rngs)
+        )
+
+    def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+        """Logits for the next byte at every position: [B, T] int -> [B, T, 256] float."""
+        T = tokens_BxT.shape[1]
+        x_BxTxD = self.embed(tokens_BxT) + self.pos_embed(jnp.arange(T))[None]
+        for block in self.blocks:
+            x_BxTxD = block(x_BxTxD)
+        x_BxTxD = self.norm_out(x_BxTxD)
+        if self.head is None:
+            return self.embed.attend(x_BxTxD)
+        return self.head(x_BxTxD)
+
+
+def build_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, Params]:
+    """The model's static structure and its initial parameters as a nested dict."""
+    model = ByteTransformer(cfg, nnx.Rngs(seed))
+    graphdef, state = nnx.split(model, nnx.Param)
+    return graphdef, nnx.to_pure_dict(state)
+
+
+def apply_model(graphdef: nnx.GraphDef, params: Params, tokens_BxT: jax.Array) -> jax.Array:
+    return nnx.merge(graphdef, params)(tokens_BxT)
+
+
+def flatten_params(params: Params) -> dict[str, np.ndarray]:
+    """Nested dict -> {"blocks/0/attn/qkv/kernel": array}, as host NumPy arrays."""
+    flat: dict[str, np.ndarray] = {}
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key in sorted(node, key=str):
+                visit(node[key], f"{prefix}/{key}" if prefix else str(key))
+        else:
+            flat[prefix] = np.asarray(node)
+
+    visit(params, "")
+    return flat
+
+
+def unflatten_params(flat: dict[str, np.ndarray], like: Params) -> Params:
+    """Inverse of `flatten_params`, shaped like `like` (keys keep their original types)."""
+
+    def rebuild(node: Any, prefix: str) -> Any:
+        if isinstance(node, dict):
+            return {k: rebuild(v, f"{prefix}/{k}" if prefix else str(k)) for k, v in node.items()}
+        return flat[prefix]
+
+    return rebuild(like, "")
+
+
+def count_params(params: Params) -> int:
+    return sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
+
+
+class ParamView:
+    """Reads and replaces individual tensors of a nested parameter dict by path name."""
+
+    def __init__(self, like: Params) -> None:
+        self.paths: dict[str, tuple[Any, ...]] = {}
+
+        def visit(node: Any, path: tuple[Any, ...]) -> None:
+            if isinstance(node, dict):
+                for key, child in node.items():
+                    visit(child, (*path, key))
+            else:
+                self.paths["/".join(str(k) for k in path)] = path
+
+        visit(like, ())
+
+    def read(self, params: Params, names: Any) -> dict[str, np.ndarray]:
+        """Host copies (never views: device buffers are donated to the next step)."""
+        out = {}
+        for name in names:
+            node = params
+            for key in self.paths[name]:
+                node = node[key]
+            out[name] = np.array(node, dtype=np.float32, copy=True)
+        return out
+
+    def write(self, params: Params, tensors: dict[str, np.ndarray]) -> Params:
+        """A new nested dict with `tensors` replaced; other leaves are shared, not copied."""
+        params = dict(params)
+        for name, value in tensors.items():
+            *parents, leaf = self.paths[name]
+            node = params
+            for key in parents:
+                node[key] = dict(node[key])
+                node = node[key]
+            node[leaf] = jnp.asarray(value)
+        return params

@@ -1,0 +1,79 @@
+"""The inner optimizer and the pure, jitted train and eval steps of one learner."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from dlc.config.schema import InnerConfig
+from dlc.core.model import Params, apply_model
+
+Metrics = dict[str, jax.Array]
+TrainStep = Callable[[Params, Any, jax.Array, jax.Array], tuple[Params, Any, Metrics]]
+
+
+def make_schedule(cfg: InnerConfig, schedule_steps: int) -> optax.Schedule:
+    """Linear warm-up to lr, then cosine decay to lr * min_lr_ratio at schedule_steps."""
+    warmup = min(cfg.warmup_steps, max(schedule_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=cfg.lr,
+        warmup_steps=warmup,
+        decay_steps=max(schedule_steps, warmup + 1),
+        end_value=cfg.lr * cfg.min_lr_ratio,
+    )
+
+
+def make_optimizer(cfg: InnerConfig, schedule_steps: int) -> optax.GradientTransformation:
+    """AdamW with clipping. Biases, norms and embeddings of rank < 2 are not decayed."""
+    decay_mask = lambda params: jax.tree_util.tree_map(lambda x: x.ndim >= 2, params)  # noqa: E731
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip_norm),
+        optax.adamw(
+            make_schedule(cfg, schedule_steps),
+            b1=cfg.b1,
+            b2=cfg.b2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            mask=decay_mask,
+        ),
+    )
+
+
+def cross_entropy(graphdef: nnx.GraphDef, params: Params, x_BxT: jax.Array, y_BxT: jax.Array) -> jax.Array:
+    """Mean next-byte cross-entropy in nats."""
+    logits_BxTxV = apply_model(graphdef, params, x_BxT).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, y_BxT).mean()
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation) -> TrainStep:
+    def train_step(params: Params, opt_state: Any, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[Params, Any, Metrics]:
+        loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    # Donation lets XLA update parameters and moments in place instead of copying them.
+    return jax.jit(train_step, donate_argnums=(0, 1))
+
+
+GradStep = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params, jax.Array]]
+
+
+def make_grad_step(graphdef: nnx.GraphDef) -> GradStep:
+    """Loss, gradient and gradient norm without an update (data-parallel: the update is global)."""
+
+    def grad_step(params: Params, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[jax.Array, Params, jax.Array]:
+        loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
+        return loss, grads, optax.tree.norm(grads)
+
+    return jax.jit(grad_step)
+
+
+def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[Params, jax.Array, jax.Array], jax.Array]:
+    return jax.jit(lambda params, x, y: cross_entropy(graphdef, params, x, y))

@@ -1,0 +1,524 @@
+"""Processes of a run on Ray: the embedded cluster, learner, syncer and evaluator actors.
+
+Each learner is its own Ray actor process with its own JAX runtime. Its training loop runs in
+a thread of the actor, so the actor's methods (deliveries of merged fragments, polls from the
+driver) are served while it trains. The syncer actor orders pushes in one concurrency group and
+closes rounds from a ticking thread. The driver only talks to actors with timeouts, because a
+frozen (SIGSTOPped) process never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single-node init on 127.0.0.1
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+
+from dlc.config.schema import ClusterConfig, Recipe  # noqa: E402
+from dlc.errors import UserError  # noqa: E402
+from dlc.run.checkpoint import Checkpointer  # noqa: E402
+
+SEQ_STRIDE = 10**9
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster
+
+
+def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:
+    """Join `cfg.address`, or start an embedded single-node cluster on loopback."""
+    common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
+    if cfg.address:
+        try:
+            ray.init(address=cfg.address, **common)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UserError(f"cannot join the Ray cluster at cluster.address={cfg.address!r}: {exc}") from None
+        available = ray.cluster_resources().get("CPU", 0.0)
+        if available < cpus_needed:
+            ray.shutdown()
+            raise UserError(
+                f"the Ray cluster at {cfg.address} has {available:g} CPUs, the recipe reserves {cpus_needed:g}: "
+                "lower learners.num_cpus / syncer.num_cpus or add nodes"
+            )
+    else:
+        # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.
+        num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), cpus_needed)
+        ray.init(num_cpus=int(np.ceil(num_cpus)), _node_ip_address="127.0.0.1", **common)
+    return {"address": cfg.address or "embedded", "nodes": [n["NodeManagerAddress"] for n in ray.nodes()]}
+
+
+def stop_cluster() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def learner_checkpoint_dir(run_dir: Path, index: int) -> Path:
+    return run_dir / "checkpoints" / f"learner-{index}"
+
+
+def syncer_checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "syncer"
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner
+
+
+class LearnerWorker:
+    """Lives in a learner actor: one Learner, its sync protocol, its loop thread."""
+
+    def __init__(
+        self,
+        recipe_json: dict[str, Any],
+        index: int,
+        stream: np.ndarray,
+        run_dir: str,
+        syncer: Any,
+        incarnation: int = 0,
+    ) -> None:
+        from dlc.algo.registry import get_algorithm
+        from dlc.core.learner import Learner
+        from dlc.net.transport import Transport
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        self.index = index
+        self.incarnation = incarnation
+        self.syncer = syncer
+        self.learner = Learner(self.recipe, index, stream)
+        self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed)  # this learner's uplink
+        self.algorithm = get_algorithm(self.recipe.algorithm)
+        self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
+        self.sync.idle = self._serve_export  # a learner blocked on the others still serves state copies
+        # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
+        # names one push for the whole run, also across syncer restarts.
+        self.sync.seq = incarnation * SEQ_STRIDE
+        self.checkpointer = Checkpointer(learner_checkpoint_dir(Path(run_dir), index), self.recipe.checkpoint.keep)
+        self.lock = threading.Lock()
+        self.events: list[dict[str, Any]] = []
+        self.metrics: list[dict[str, Any]] = []
+        self.state = "starting"
+        self.loss: float | None = None
+        self.rate = 0.0
+        self.steady = 0.0
+        self.base_tokens = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._export_requests: list[threading.Event] = []
+        self._slow: tuple[float, float] = (1.0, 0.0)
+        self._thread: threading.Thread | None = None
+        self._heart: threading.Thread | None = None
+
+    def restore(self) -> dict[str, Any]:
+        """Load this learner's checkpoint, if any; returns its step and data position."""
+        if self.checkpointer.latest_step() is not None:
+            tree, meta = self.checkpointer.restore(self.checkpoint_tree())
+            self.learner.load_state(tree["learner"], meta)
+            self.sync.load(tree["sync"], meta["sync"])
+        return {"step": self.learner.step, "data_position": self.learner.stream.position}
+
+    def checkpoint_tree(self) -> dict[str, Any]:
+        return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}
+
+    def save(self) -> None:
+        self.learner.flush()
+        meta = {**self.learner.state_meta(), "sync": self.sync.state()[1]}
+        self.checkpointer.save(self.learner.step, self.checkpoint_tree(), meta)
+
+    def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
+        if global_fragments is not None and versions is not None:
+            self.sync.rebase_on_global(global_fragments, versions)
+        self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
+        self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+        self._thread.start()
+        self._heart.start()
+        return os.getpid()
+
+    def _heartbeats(self) -> None:
+        interval = self.recipe.syncer.heartbeat_interval_s
+        while not self._stop.wait(interval):
+            self.syncer.heartbeat.remote(self.index)
+
+    def _loop(self) -> None:
+        recipe, learner = self.recipe, self.learner
+        max_steps = recipe.run.max_steps
+        window: list[tuple[float, int]] = []
+        first: tuple[float, int] | None = None
+        try:
+            while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
+                started, waited = time.monotonic(), self.sync.waiting_s
+                events = self.sync.step(self._stop)
+                self._serve_export()
+                self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
+                if learner.step % recipe.checkpoint.every_steps == 0:
+                    self.save()
+                    events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
+                now = time.monotonic()
+                if first is None:  # the first step compiled the step function: start-up until here
+                    first = (now, learner.tokens)
+                    self.state = "training"
+                    events.append({"kind": "learner_training", "learner": self.index, "incarnation": self.incarnation})
+                self.steady = (learner.tokens - first[1]) / (now - first[0]) if now > first[0] else 0.0
+                window.append((now, learner.tokens))
+                while len(window) > 2 and now - window[0][0] > 5.0:
+                    window.pop(0)
+                rate = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]) if len(window) > 1 else 0.0
+                with self.lock:
+                    self.events.extend(events)
+                    self.rate = rate
+                self._log_records()
+            learner.flush()
+            self._log_records()
+            self.state = "finished"
+        except Exception:  # reported to the driver, which fails the run with this text
+            self.error = traceback.format_exc()
+            self.state = "failed"
+
+    def _log_records(self) -> None:
+        every = self.recipe.run.log_every_steps
+        with self.lock:
+            for record in self.learner.take_records():
+                self.loss = record.loss
+                if record.step % every == 0:
+                    self.metrics.append(
+                        {
+                            "kind": "train",
+                            "learner": self.index,
+                            "step": record.step,
+                            "tokens": record.tokens,
+                            "loss": record.loss,
+                            "grad_norm": record.grad_norm,
+                            "tokens_per_s": round(self.rate, 1),
+                        }
+                    )
+
+    def poll(self) -> dict[str, Any]:
+        with self.lock:
+            events, self.events = self.events, []
+            metrics, self.metrics = self.metrics, []
+            return {"snapshot": self.snapshot(), "events": events, "metrics": metrics, "error": self.error}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "id": self.index,
+            "state": self.state,
+            "step": self.learner.step,
+            "tokens": self.learner.tokens - self.base_tokens,
+            "tokens_per_s": round(self.rate, 1),
+            "steady_tokens_per_s": round(self.steady, 1),
+            "loss": self.loss,
+            "data_position": self.learner.stream.position,
+            "tokens_per_step": self.learner.tokens_per_step,
+            "unpushed_steps": self.sync.unpushed_steps(),
+            "pushes": self.sync.pushes,
+            "adopted": self.sync.adopted,
+            "bytes_sent": self.transport.bytes_sent,
+            "waiting_s": round(self.sync.waiting_s, 3),
+            "link_queued": self.transport.queued(),
+            "link_blocked_s": round(self.transport.blocked_s(), 3),
+            "pid": os.getpid(),
+        }
+
+    def deliver(self, message: Any) -> None:
+        self.sync.receive(message)
+
+    def set_syncer(self, syncer: Any) -> int:
+        """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
+        self.syncer = syncer
+        return self.sync.reconnect(syncer.push)
+
+    def impair_link(self, factor: float | None, seconds: float) -> None:
+        """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""
+        self.transport.impair(self.index, factor, seconds)
+
+    def ready(self) -> int:
+        """Answers once the actor is constructed; returns its pid."""
+        return os.getpid()
+
+    # -- serving a state copy to a rejoining peer, without pausing ----------------------------
+
+    def export_state(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Host copies of params, AdamW state, anchors, versions, step and data position.
+
+        Called from another thread: the training loop takes the copy at its next step
+        boundary (a device-to-host copy, milliseconds) and goes on training; serialising and
+        sending it to the new learner happen here, off the loop.
+        """
+        import jax
+
+        if self._thread is None or not self._thread.is_alive():  # not training: copy directly
+            return self._copy_state(jax)
+        request = threading.Event()
+        with self.lock:
+            self._export_requests.append(request)
+        if not request.wait(timeout_s):
+            raise TimeoutError(f"learner {self.index} did not reach a step boundary in {timeout_s} s")
+        return request.state  # type: ignore[attr-defined]
+
+    def _serve_export(self) -> None:
+        if not self._export_requests:
+            return
+        import jax
+
+        with self.lock:
+            requests, self._export_requests = self._export_requests, []
+        state = self._copy_state(jax)
+        for request in requests:
+            request.state = state  # type: ignore[attr-defined]
+            request.set()
+
+    def _copy_state(self, jax: Any) -> dict[str, Any]:
+        self.learner.flush()
+        fragments, versions = self.sync.peer_view()
+        return {
+            "from": self.index,
+            "tree": jax.device_get(self.learner.state_tree()),
+            "meta": self.learner.state_meta(),
+            "fragments": fragments,
+            "versions": versions,
+            "copied_at": time.time(),
+        }
+
+    def import_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Become a copy of a peer (before `start`): its params, AdamW state, step, data position.
+
+        The anchors become the copied parameters, not the peer's anchors: the peer will push
+        its own unsent progress itself, so this learner's first push must carry only what it
+        learns from now on.
+        """
+        self.learner.load_state(state["tree"], state["meta"])
+        self.base_tokens = self.learner.tokens  # the peer's tokens are the peer's, not this learner's
+        self.sync.adopt_peer(state["fragments"], state["versions"])
+        return {
+            "peer": state["from"],
+            "step": self.learner.step,
+            "data_position": self.learner.stream.position,
+            "copy_s": round(time.time() - state["copied_at"], 3),
+        }
+
+    def import_global(self, fragments: list[np.ndarray], versions: list[int]) -> dict[str, Any]:
+        """No healthy peer: start from the syncer's global fragments with fresh AdamW state."""
+        self.sync.adopt_global(fragments, versions)
+        return {"peer": None, "step": self.learner.step, "data_position": self.learner.stream.position}
+
+    # -- slow-downs ---------------------------------------------------------------------------
+
+    def set_slow(self, factor: float, seconds: float) -> None:
+        """Stretch every step to `factor` times its natural length for `seconds`."""
+        self._slow = (factor, time.monotonic() + seconds)
+
+    def _apply_slow(self, step_s: float) -> None:
+        factor, until = self._slow
+        if factor > 1.0 and time.monotonic() < until:
+            self.state = "slow"
+            time.sleep((factor - 1.0) * step_s)
+        elif self.state == "slow":
+            self.state = "training"
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the loop, send the progress not yet pushed, checkpoint; returns a final poll."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.state != "failed":
+            pushed = self.sync.push_outstanding()
+            self.transport.drain(timeout_s=120)  # pushes still held by an emulated link go out first
+            # Pushes and this barrier share the syncer's one ordered concurrency group, so when
+            # it returns the syncer holds every push: the driver's finish() cannot overtake them.
+            ray.get(self.syncer.barrier.remote(), timeout=120)
+            with self.lock:
+                self.events.append({"kind": "final_push", "learner": self.index, "fragments": pushed})
+            self.save()
+            self.state = "stopped"
+        return self.poll()
+
+
+# ---------------------------------------------------------------------------------------------
+# Syncer
+
+
+class SyncerWorker:
+    """Lives in the syncer actor: a Syncer behind a lock, a ticking thread, checkpoints."""
+
+    def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
+        from dlc.algo.registry import get_algorithm
+        from dlc.core.model import build_model, flatten_params
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        _, params = build_model(self.recipe.model, self.recipe.run.seed)
+        self.shapes = flatten_params(params)
+        self.learners: dict[int, Any] = {}
+        from dlc.net.transport import Transport
+
+        self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed + 1)  # the downlinks
+        self.algorithm = get_algorithm(self.recipe.algorithm)
+        self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
+        self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
+        self.journal_path = Path(run_dir) / "checkpoints" / "syncer-journal.pkl"
+        self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+        self._journal = open(self.journal_path, "ab")  # noqa: SIM115 (lives as long as the actor)
+        self.syncer.journal = self._write_journal
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_save = time.monotonic()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
+
+    def _deliver(self, learner: int, message: Any) -> int:
+        handle = self.learners.get(learner)
+        return self.transport.send(handle.deliver, message, link=learner) if handle is not None else 0
+
+    def impair_link(self, index: int, factor: float | None, seconds: float) -> None:
+        """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
+        self.transport.impair(index, factor, seconds)
+
+    def _write_journal(self, record: dict[str, Any]) -> None:
+        # A killed process loses nothing it has written: the page cache outlives it.
+        pickle.dump(record, self._journal, protocol=pickle.HIGHEST_PROTOCOL)
+        self._journal.flush()
+
+    def restore(self) -> dict[str, Any] | None:
+        """The last checkpoint, then every journaled round after it: the state at the moment of death."""
+        restored = None
+        if self.checkpointer.latest_step() is not None:
+            tree, meta = self.checkpointer.restore(self.syncer.state()[0])
+            if meta.get("plan") != self.syncer.fingerprint():
+                raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
+            self.syncer.load(tree, meta)
+            restored = {"checkpoint_rounds": meta["rounds_closed"]}
+        replayed = 0
+        for path in (self.journal_path.with_suffix(".prev"), self.journal_path):
+            for record in _read_journal(path):
+                replayed += self.syncer.replay(record)
+        if restored is None and replayed == 0:
+            return None
+        return {
+            **(restored or {}),
+            "journal_rounds": replayed,
+            "versions": self.syncer.versions(),
+            "rounds_closed": self.syncer.rounds_closed,
+        }
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def register(self, index: int, handle: Any) -> None:
+        with self.lock:
+            self.learners[index] = handle
+            self.syncer.join(index)
+
+    def rejoin(self, index: int, handle: Any) -> None:
+        """A restarted learner: a new incarnation of `index` whose seqs start again."""
+        with self.lock:
+            self.learners[index] = handle
+            self.syncer.rejoin(index)
+
+    def leave(self, index: int) -> None:
+        with self.lock:
+            self.learners.pop(index, None)
+            self.syncer.leave(index)
+
+    @ray.method(concurrency_group="pushes")  # one thread: pushes from a learner stay in order
+    def push(self, push: Any) -> None:
+        with self.lock:
+            self.syncer.push(push)
+            self.syncer.tick()
+
+    @ray.method(concurrency_group="pushes")
+    def barrier(self) -> None:
+        """Returns after every push sent before it by the same caller has been handled."""
+
+    def heartbeat(self, index: int) -> None:
+        with self.lock:
+            self.syncer.heartbeat(index)
+
+    def _tick_loop(self) -> None:
+        try:
+            while not self._stop.wait(0.005):
+                with self.lock:
+                    self.syncer.tick()
+                if time.monotonic() - self._last_save >= self.recipe.syncer.checkpoint_interval_s:
+                    self.save()
+        except Exception:
+            self.error = traceback.format_exc()
+
+    def save(self) -> None:
+        with self.lock:
+            tree, meta = self.syncer.state()
+            tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
+            step = self.syncer.rounds_closed
+            # Rounds after this state go to a fresh journal; the old one stays until the
+            # checkpoint is complete, so a death mid-save still replays from the previous one.
+            self._journal.close()
+            os.replace(self.journal_path, self.journal_path.with_suffix(".prev"))
+            self._journal = open(self.journal_path, "ab")  # noqa: SIM115
+        self.checkpointer.save(step, tree, meta)
+        self.journal_path.with_suffix(".prev").unlink(missing_ok=True)
+        self._last_save = time.monotonic()
+
+    def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
+        with self.lock:
+            return [t.copy() for t in self.syncer.theta], self.syncer.versions()
+
+    def global_params(self) -> dict[str, np.ndarray]:
+        with self.lock:
+            return self.syncer.global_params(self.shapes)
+
+    def poll(self) -> dict[str, Any]:
+        with self.lock:
+            status = {**self.syncer.status(), "pid": os.getpid()}
+            return {"status": status, "events": self.syncer.drain_events(), "error": self.error}
+
+    def finish(self) -> dict[str, Any]:
+        """End of run: close every round holding a push, stop ticking, checkpoint."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self.lock:
+            self.syncer.flush()
+        self.save()
+        return self.poll()
+
+
+def _read_journal(path: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        with open(path, "rb") as f:
+            while True:
+                try:
+                    records.append(pickle.load(f))
+                except EOFError:
+                    break
+                except (pickle.UnpicklingError, ValueError, AttributeError):
+                    break  # a record cut short by the death: everything before it stands
+    except FileNotFoundError:
+        pass
+    return records
+
+
+class EvaluatorWorker:
+    """Lives in the evaluator actor: evaluates global parameter snapshots off the critical path."""
+
+    def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
+        from dlc.core.evaluate import Evaluator
+        from dlc.core.model import build_model, unflatten_params
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
+        self._unflatten = unflatten_params
+        self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)
+
+    def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
+        return self.evaluator(self._unflatten(flat, self.like))
+
+
+LearnerActor = ray.remote(max_concurrency=4)(LearnerWorker)
+SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)
+EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)

@@ -1,0 +1,402 @@
+"""Keeps the learners alive: polls them, notices deaths and stalls, restarts and rejoins them.
+
+Ray notices a killed process (the actor's next call fails) but never a frozen one, so a learner
+that has not answered a poll for `heartbeat_timeout_s` is shown `stalled` until it answers
+again. A dead learner is replaced by a new actor of the same index, which copies parameters,
+AdamW state, step and data position from a healthy peer (the peer keeps training; it copies
+its state at a step boundary), or starts from the syncer's global fragments when no peer is
+healthy, and then rejoins the syncer as a new incarnation. Every step of that is an event,
+and the observed outcome of each chaos fault goes to chaos.jsonl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from dlc.config.schema import Recipe
+from dlc.observe.goodput import STATE_BUCKET, Ledger
+from dlc.run.rundir import RunDir
+
+HEALTHY = ("training", "slow")
+
+
+@dataclass
+class Recovery:
+    """A learner being brought back: restarting -> rejoining -> awaiting its first push."""
+
+    phase: str
+    actor: Any
+    ref: Any
+    died_at: float
+    restarted_at: float | None = None
+    peer: int | None = None
+
+
+@dataclass
+class LearnerSlot:
+    handle: Any
+    stream: Any  # ObjectRef of the learner's byte stream
+    view: dict[str, Any] = field(default_factory=dict)
+    override: str | None = None  # dead / restarting / rejoining / stalled / left, over the learner's own state
+    last_seen: float = field(default_factory=time.monotonic)
+    poll: Any = None
+    recovery: Recovery | None = None
+    awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
+    leave_at: float | None = None  # a joined learner retires at this monotonic time
+    ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
+    waiting_filed: float = 0.0  # of the learner's own waiting_s counter, what the ledger has filed
+    finished: bool = False
+
+
+class Supervisor:
+    def __init__(
+        self, recipe: Recipe, rundir: RunDir, engine: Any, syncer: Any, make_learner: Any, spare_streams: list[Any]
+    ) -> None:
+        self.recipe = recipe
+        self.rundir = rundir
+        self.engine = engine
+        self.syncer = syncer
+        self.make_learner = make_learner  # (index, stream_ref) -> actor handle
+        self.slots: dict[int, LearnerSlot] = {}
+        self.spare_streams = list(spare_streams)  # ObjectRefs of streams no learner has read
+        self.restarts: Counter[int] = Counter()
+        self.dead_tokens: Counter[int] = Counter()  # tokens trained by incarnations that died
+        self.ledger = Ledger()
+        self.failure: str | None = None
+        self.chaos = ChaosLog(rundir)
+
+    # -- membership ------------------------------------------------------------------------
+
+    def add(self, index: int, handle: Any, stream: Any, pid: int, since: float) -> None:
+        """A learner of the run; its allocation (and start-up time) began at monotonic time `since`."""
+        self.slots[index] = LearnerSlot(handle, stream, view={"id": index, "state": "starting", "pid": pid})
+        self.ledger.tick(index, "starting", time.monotonic() - since)
+
+    def live(self) -> dict[int, Any]:
+        """Handles of learners that are neither dead, recovering nor gone."""
+        return {
+            i: s.handle for i, s in self.slots.items() if s.override not in ("dead", "restarting", "rejoining", "left")
+        }
+
+    def state_of(self, index: int) -> str:
+        slot = self.slots[index]
+        return slot.override or slot.view.get("state", "starting")
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for i, slot in sorted(self.slots.items()):
+            goodput = self.ledger.goodput(i)
+            out.append(
+                {
+                    **slot.view,
+                    "id": i,
+                    "state": self.state_of(i),
+                    "restarts": self.restarts[i],
+                    "tokens": slot.view.get("tokens", 0) + self.dead_tokens[i],
+                    "goodput": None if goodput is None else round(goodput, 4),
+                }
+            )
+        return out
+
+    # -- the tick ----------------------------------------------------------------------------
+
+    def tick(self, absorb: Any) -> None:
+        """Poll, detect, advance recoveries, fill the ledger. `absorb(i, result)` logs a poll."""
+        now = time.monotonic()
+        # Chaos lines first: a kill injected and detected within one tick must already be known
+        # as injected when its outcome is recorded.
+        requests = self.chaos.requests()
+        self._poll(absorb, now)
+        self._advance_recoveries()
+        for request in requests:
+            self._carry_out(request)
+        for i, slot in self.slots.items():
+            if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
+                self._carry_out({"op": "leave", "learner": i})
+        self.file_time()
+
+    def forgive_silence(self) -> None:
+        """After the driver itself was busy (a syncer restart), no learner has been silent."""
+        now = time.monotonic()
+        for slot in self.slots.values():
+            slot.last_seen = max(slot.last_seen, now)
+
+    def file_time(self) -> None:
+        """File each learner's time since the last call under its current state's bucket."""
+        now = time.monotonic()
+        for i, slot in self.slots.items():
+            state, dt = self.state_of(i), now - slot.ticked_at
+            if STATE_BUCKET.get(state) == "productive":
+                # A training learner blocked on the network or on others (dp, diloco) was waiting.
+                waited = min(max(slot.view.get("waiting_s", 0.0) - slot.waiting_filed, 0.0), dt)
+                slot.waiting_filed += waited
+                self.ledger.tick(i, "waiting", waited)
+                dt -= waited
+            self.ledger.tick(i, state, dt)
+            slot.ticked_at = now
+
+    def _poll(self, absorb: Any, now: float) -> None:
+        timeout = self.recipe.syncer.heartbeat_timeout_s
+        for i, slot in self.slots.items():
+            if slot.override in ("dead", "restarting", "rejoining", "left"):
+                continue
+            if slot.poll is None:
+                slot.poll = slot.handle.poll.remote()
+            ready, _ = ray.wait([slot.poll], timeout=0)
+            if not ready:
+                if now - slot.last_seen > timeout and slot.override != "stalled":
+                    slot.override = "stalled"
+                    self.rundir.event("learner_stalled", learner=i, silent_s=round(now - slot.last_seen, 2))
+                    self.chaos.outcome("stall", i, "detected", after_s=self.chaos.since("stall", i))
+                continue
+            ref, slot.poll = slot.poll, None
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self._on_death(i)
+                continue
+            if slot.override == "stalled":
+                slot.override = None
+                self.rundir.event("learner_thawed", learner=i, silent_s=round(now - slot.last_seen, 2))
+                self.chaos.outcome("stall", i, "recovered", after_s=self.chaos.since("stall", i))
+            slot.last_seen = now
+            slot.view = result["snapshot"]
+            if slot.view.get("state") == "finished" and not slot.finished:
+                slot.finished = True
+                self.rundir.event("learner_finished", learner=i, step=slot.view.get("step"))
+            absorb(i, result)
+            if result["error"]:
+                self.failure = f"learner {i} failed:\n{result['error']}"
+
+    def note_syncer_events(self, events: list[dict[str, Any]]) -> None:
+        """First accepted push after a rejoin; wasted time for rejected pushes."""
+        fragments = max(self.recipe.syncer.fragments, 1)
+        for event in events:
+            slot = self.slots.get(event.get("learner", -1))
+            if slot is None:
+                continue
+            if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
+                after = time.time() - slot.awaiting_first_push
+                self.rundir.event("learner_recovered", learner=event["learner"], after_s=round(after, 3))
+                self.chaos.outcome(
+                    "kill", event["learner"], "first_push", after_s=self.chaos.since("kill", event["learner"])
+                )
+                slot.awaiting_first_push = None
+            elif event["kind"] == "push_rejected":
+                # A push carries its share of the model (1/P for a fragment) of the progress of its steps.
+                share = event.get("share", 1.0 / fragments)
+                self.ledger.waste(event["learner"], event.get("steps", 0) * self._step_s(slot) * share)
+
+    @staticmethod
+    def _step_s(slot: LearnerSlot) -> float:
+        rate = slot.view.get("tokens_per_s") or 0.0
+        per_step = slot.view.get("tokens_per_step") or 0
+        return per_step / rate if rate > 0 else 0.0
+
+    # -- death and rejoin --------------------------------------------------------------------
+
+    def _on_death(self, i: int) -> None:
+        slot = self.slots[i]
+        slot.override = "dead"
+        # Progress not yet pushed died with the process: mean steps since each fragment's push.
+        self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))
+        self.rundir.event("learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"))
+        self.dead_tokens[i] += slot.view.get("tokens", 0)
+        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0}
+        self.chaos.outcome("kill", i, "detected", after_s=self.chaos.since("kill", i))
+        self.syncer.leave.remote(i)
+        actor = self.make_learner(i, slot.stream, self.restarts[i] + 1)
+        slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
+        slot.override = "restarting"
+        self.restarts[i] += 1
+
+    def _advance_recoveries(self) -> None:
+        for i, slot in self.slots.items():
+            rec = slot.recovery
+            if rec is None:
+                continue
+            ready, _ = ray.wait([rec.ref], timeout=0)
+            if not ready:
+                continue
+            try:
+                result = ray.get(rec.ref)
+            except ray.exceptions.RayError as exc:
+                self.failure = f"learner {i} could not be restarted: {exc}"
+                slot.recovery = None
+                continue
+            if rec.phase == "restarting":
+                rec.restarted_at = time.time()
+                self.rundir.event(
+                    "learner_restarted", learner=i, pid=result, after_s=round(rec.restarted_at - rec.died_at, 3)
+                )
+                self.chaos.outcome("kill", i, "restarted", after_s=self.chaos.since("kill", i), pid=result)
+                slot.view = {**slot.view, "pid": result}
+                peer = self._healthy_peer(exclude=i)
+                if peer is not None:
+                    rec.peer = peer
+                    rec.ref = rec.actor.import_state.remote(self.slots[peer].handle.export_state.remote())
+                else:
+                    rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote())
+                rec.phase = "rejoining"
+                slot.override = "rejoining"
+            elif rec.phase == "rejoining":
+                self.rundir.event("learner_rejoined", learner=i, **result)
+                self.chaos.outcome("kill", i, "state_copied", after_s=self.chaos.since("kill", i), **result)
+                ray.get(self.syncer.rejoin.remote(i, rec.actor))
+                rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
+                rec.actor.start.remote(None, None)
+                slot.handle, slot.recovery, slot.override = rec.actor, None, None
+                slot.waiting_filed = 0.0  # the new process counts its waiting from zero
+                slot.last_seen = time.monotonic()
+                slot.awaiting_first_push = rec.died_at
+
+    def _healthy_peer(self, exclude: int) -> int | None:
+        now = time.monotonic()
+        candidates = [
+            (slot.view.get("step", 0), i)
+            for i, slot in self.slots.items()
+            if i != exclude and self.state_of(i) in HEALTHY and now - slot.last_seen < 2.0
+        ]
+        return max(candidates)[1] if candidates else None
+
+    # -- requests from chaos (control.jsonl) ---------------------------------------------------
+
+    def _carry_out(self, request: dict[str, Any]) -> None:
+        op, i = request.get("op"), request.get("learner")
+        slot = self.slots.get(i) if i is not None else None
+        if op == "slow" and slot is not None and i in self.live():
+            duration = request.get("duration_s")
+            seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
+            slot.handle.set_slow.remote(float(request.get("factor") or 2.0), seconds)
+            self.rundir.event(
+                "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
+            )
+        elif op in ("degrade_link", "cut_link") and slot is not None and i in self.live():
+            factor = float(request.get("factor") or 10.0) if op == "degrade_link" else None
+            seconds = float(request.get("duration_s") or 10.0)
+            slot.handle.impair_link.remote(factor, seconds)  # the uplink
+            self.syncer.impair_link.remote(i, factor, seconds)  # the downlink
+            self.rundir.event("link_degraded" if factor else "link_cut", learner=i, factor=factor, duration_s=seconds)
+        elif op == "leave" and slot is not None and i in self.live():
+            slot.handle.stop.remote()
+            slot.override = "left"
+            self.syncer.leave.remote(i)
+            self.rundir.event("learner_left", learner=i)
+        elif op == "join" and self.spare_streams:
+            self._join(request.get("duration_s"))
+        else:
+            reason = "no data stream left for a joiner" if op == "join" else "unknown op or learner not live"
+            self.rundir.event("control_ignored", request=request, reason=reason)
+
+    def _join(self, duration_s: float | None) -> None:
+        """A temporary learner with its own data stream, brought in by a peer copy like a restart."""
+        index = max(self.slots) + 1
+        stream = self.spare_streams.pop(0)
+        actor = self.make_learner(index, stream, 0)
+        self.slots[index] = LearnerSlot(actor, stream, view={"id": index, "state": "restarting"}, override="restarting")
+        self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
+        if duration_s is not None:
+            self.slots[index].leave_at = time.monotonic() + float(duration_s)
+        self.rundir.event("learner_joining", learner=index, duration_s=duration_s)
+
+    def stop_all(self, timeout_s: float, absorb: Any) -> list[tuple[int, dict[str, Any] | None]]:
+        """Stop every live learner; frozen or dying ones are killed after `timeout_s`.
+
+        A poll still in flight has already drained its learner's events and metrics: those are
+        absorbed first, or they would be lost.
+        """
+        live = self.live()
+        pending = {i: self.slots[i].poll for i in live if self.slots[i].poll is not None}
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=min(timeout_s, 10.0))
+        for i, ref in pending.items():
+            self.slots[i].poll = None
+            if ref in ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    absorb(i, ray.get(ref))
+        refs = {i: h.stop.remote() for i, h in live.items() if self.slots[i].override != "stalled"}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        out = []
+        for i, ref in refs.items():
+            try:
+                out.append((i, ray.get(ref) if ref in ready else None))
+            except ray.exceptions.RayError:
+                out.append((i, None))
+        for i, slot in self.slots.items():
+            if i not in refs or dict(out).get(i) is None:
+                for actor in (slot.handle, slot.recovery.actor if slot.recovery else None):
+                    if actor is not None:
+                        ray.kill(actor)
+        return out
+
+
+class ChaosLog:
+    """Reads fault injections from chaos.jsonl and control requests from control.jsonl; writes outcomes."""
+
+    def __init__(self, rundir: RunDir) -> None:
+        self.rundir = rundir
+        self.chaos_path = rundir.path / "chaos.jsonl"
+        self.control_path = rundir.path / "control.jsonl"
+        self._chaos_offset = 0
+        self._control_offset = 0
+        self.injected: dict[tuple[str, int | None], float] = {}
+
+    def requests(self) -> list[dict[str, Any]]:
+        """New injections are copied to events.jsonl; new control requests are returned."""
+        for entry in self._tail("chaos"):
+            if entry.get("phase") in ("injected", "refused", "dry_run"):
+                self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+                if entry.get("phase") == "injected":
+                    self.injected[(str(entry.get("fault")), entry.get("learner"))] = float(entry.get("t", time.time()))
+        return self._tail("control")
+
+    def since(self, fault: str, learner: int | None) -> float | None:
+        t = self.injected.get((fault, learner))
+        return None if t is None else round(time.time() - t, 3)
+
+    def outcome(self, fault: str, learner: int | None, phase: str, **extra: Any) -> None:
+        """Record what was observed after a fault (only for faults that chaos injected)."""
+        if (fault, learner) not in self.injected:
+            return
+        entry = {
+            "t": round(time.time(), 3),
+            "fault": fault,
+            "target": f"learner {learner}",
+            "learner": learner,
+            "phase": phase,
+            **extra,
+        }
+        import json
+
+        with open(self.chaos_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+
+    def _tail(self, which: str) -> list[dict[str, Any]]:
+        import json
+
+        path = self.chaos_path if which == "chaos" else self.control_path
+        offset = self._chaos_offset if which == "chaos" else self._control_offset
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
+        entries = []
+        for line in data[:end].splitlines():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        if which == "chaos":
+            self._chaos_offset += end
+        else:
+            self._control_offset += end
+        return entries

@@ -1,0 +1,100 @@
+"""The one seam every learner <-> syncer message passes through.
+
+It counts the bytes each message carries (the codec's output: payload plus scales; headers and
+Ray framing are not counted) and emulates each learner's network link when the recipe gives it
+a bandwidth or a latency (`dlc.net.link`): a message then reaches its Ray actor method only when
+the link would have delivered it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dlc.core.codec import Encoded
+from dlc.net.link import DelayLine, Link, LinkSpec
+
+
+@dataclass(frozen=True)
+class MergedFragment:
+    """Syncer -> learner: the new global value of fragment p at version v."""
+
+    fragment: int
+    version: int
+    payload: Encoded
+    sent_at: float
+    merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
+
+
+class Message(Protocol):
+    payload: Encoded
+
+
+class RemoteMethod(Protocol):
+    def remote(self, *args: Any) -> Any: ...
+
+
+class Transport:
+    """Sends messages to Ray actor methods without waiting for them, and counts bytes.
+
+    `link_of(i)` is the link a message to or from learner i takes (in this process's sending
+    direction). An ideal link that was never impaired sends at once; any other goes through a
+    delay line.
+    """
+
+    def __init__(self, link_of: Callable[[int], LinkSpec] | None = None, seed: int = 0) -> None:
+        self._lock = threading.Lock()
+        self.bytes_sent = 0
+        self.messages_sent = 0
+        self._link_of = link_of or (lambda i: LinkSpec())
+        self._seed = seed
+        self.links: dict[int, Link] = {}
+        self._line: DelayLine | None = None
+
+    def link(self, index: int) -> Link:
+        with self._lock:
+            if index not in self.links:
+                self.links[index] = Link(self._link_of(index), seed=self._seed * 1000 + index)
+            return self.links[index]
+
+    def send(self, method: RemoteMethod, message: Message, link: int | None = None) -> int:
+        """`method.remote(message)` now, or when learner `link`'s link delivers it; returns the bytes counted."""
+        nbytes = message.payload.nbytes
+        emulated = self.link(link) if link is not None else None
+        if emulated is None or not (emulated.spec.emulated or emulated.impaired):
+            method.remote(message)
+        else:
+            self._delay_line().send(emulated, nbytes, lambda: method.remote(message))
+        with self._lock:
+            self.bytes_sent += nbytes
+            self.messages_sent += 1
+        return nbytes
+
+    def _delay_line(self) -> DelayLine:
+        with self._lock:
+            if self._line is None:
+                self._line = DelayLine()
+            return self._line
+
+    def impair(self, link: int, factor: float | None, seconds: float) -> None:
+        """Degrade learner `link`'s link by `factor` (None: cut it) for `seconds`."""
+        emulated = self.link(link)
+        until = self._delay_line().clock() + seconds
+        if factor is None:
+            emulated.cut(until)
+        else:
+            emulated.degrade(factor, until)
+
+    def blocked_s(self) -> float:
+        """Seconds messages spent queued behind others or a cut, over all links."""
+        return sum(link.blocked_s for link in list(self.links.values()))
+
+    def queued(self) -> int:
+        """Messages sent but not yet delivered by their link."""
+        return self._line.pending() if self._line is not None else 0
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every message has been delivered; False if some are still held after `timeout_s`."""
+        return self._line.drain(timeout_s) if self._line is not None else True

@@ -1,0 +1,395 @@
+"""`dlc status`, reading: a run directory into one snapshot dict (rendered by `status_view`).
+
+Nothing here talks to Ray, so the view works from another terminal, on a finished run, or on a
+machine that only mounts the directory. Files are read defensively: a half-written JSON line, a
+missing file or a corrupt status.json degrades the view, never crashes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dlc.errors import UserError
+from dlc.observe.console import fmt_duration
+from dlc.run.rundir import EVENTS_FILE, METRICS_FILE, RECIPE_FILE, STATUS_FILE, SUMMARY_FILE
+
+CHAOS_FILE = "chaos.jsonl"
+VOCAB_SIZE = 256  # bytes; the same as dlc.core.model's, repeated so this module never imports JAX
+# A running run whose status.json is older than this has lost its driver (it rewrites ~1/s).
+STALE_AFTER_S = 15.0
+FEED_LINES = 6  # chaos entries kept for the feed
+LIFECYCLE_KINDS = ("learner_died", "learner_restarted", "learner_rejoined", "learner_recovered", "learner_left")
+
+
+# -- finding and reading a run directory -------------------------------------------------------
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in (RECIPE_FILE, STATUS_FILE, EVENTS_FILE))
+
+
+def resolve_run(run: Path | None, runs_root: Path = Path("runs")) -> Path:
+    """The run directory to show: `run`, or the most recently touched run under `runs_root`."""
+    if run is None:
+        candidates = [p for p in runs_root.iterdir() if is_run_dir(p)] if runs_root.is_dir() else []
+        if not candidates:
+            raise UserError(f"no run directory under {str(runs_root)!r}: pass one, e.g. dlc status runs/tiny-<time>")
+        return max(candidates, key=_touched)
+    if not run.exists():
+        raise UserError(f"run directory {str(run)!r} does not exist: pass a directory made by dlc train")
+    if not is_run_dir(run):
+        raise UserError(
+            f"{str(run)!r} is not a run directory (no {RECIPE_FILE}, {STATUS_FILE} or {EVENTS_FILE}): "
+            "pass a directory made by dlc train"
+        )
+    return run
+
+
+def _touched(path: Path) -> float:
+    # status.json is replaced about once a second while a run lives, which also bumps the directory.
+    return max(p.stat().st_mtime for p in (path, path / STATUS_FILE, path / RECIPE_FILE) if p.exists())
+
+
+def read_json(path: Path, attempts: int = 3) -> dict[str, Any] | None:
+    """A JSON object file, or None when missing or unreadable (retried: a writer may be mid-way)."""
+    for attempt in range(attempts):
+        try:
+            obj = json.loads(path.read_bytes())
+            return obj if isinstance(obj, dict) else None
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            if attempt + 1 < attempts:
+                time.sleep(0.05)
+    return None
+
+
+class JsonlTail:
+    """Yields the complete JSON-object lines appended to a file since the previous read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.skipped = 0  # complete lines that were not a JSON object
+        self.partial = False  # the file ends in a line still being written (or cut short)
+
+    def read(self) -> list[dict[str, Any]] | None:
+        """New records; None when the file shrank (a fresh run replaced it): start over."""
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < self.offset:
+                    return None
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # an unterminated last line waits for the next read
+        self.partial = end < len(data)
+        self.offset += end
+        records = []
+        for line in data[:end].splitlines():
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                records.append(obj)
+            else:
+                self.skipped += 1
+        return records
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """All JSON-object lines of a file and how many lines were skipped (a cut last line counts)."""
+    tail = JsonlTail(path)
+    records = tail.read() or []
+    return records, tail.skipped + int(tail.partial)
+
+
+def read_recipe(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load((path / RECIPE_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def count_params(model: dict[str, Any]) -> int | None:
+    """Parameters of dlc.core.model's ByteTransformer for a recipe's `model` section, by hand.
+
+    Per block: two LayerNorms (scale, bias), qkv and out projections without bias, MLP up and
+    down with bias. Around them: byte and position embeddings, a final LayerNorm, and an output
+    layer only when embeddings are untied.
+    """
+    try:
+        width, layers, context = int(model["width"]), int(model["num_layers"]), int(model["context_len"])
+        hidden = int(model["mlp_ratio"]) * width
+        tied = bool(model.get("tie_embeddings", True))
+    except (KeyError, TypeError, ValueError):
+        return None
+    block = 2 * 2 * width + 3 * width * width + width * width + (width * hidden + hidden) + (hidden * width + width)
+    return VOCAB_SIZE * width + context * width + layers * block + 2 * width + (0 if tied else width * VOCAB_SIZE)
+
+
+def dp_equivalent_bytes(params: int | None, learner_steps: int) -> int | None:
+    """Bytes data-parallel would move each way: one fp32 gradient per learner per step."""
+    return None if params is None else 4 * params * learner_steps
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def lifecycle_entry(event: dict[str, Any]) -> dict[str, Any] | None:
+    """A learner's death or recovery in events.jsonl as a feed entry like chaos.jsonl's, or None.
+
+    These stand in for chaos.jsonl when a run has none: a process killed from outside chaos.
+    """
+    kind, learner = str(event.get("kind", "")), event.get("learner")
+    if kind not in LIFECYCLE_KINDS or not isinstance(learner, int):
+        return None
+    extras = {k: v for k, v in event.items() if k not in ("kind", "learner") and _num(v) is not None}
+    phase = kind.removeprefix("learner_")
+    return {**extras, "fault": "unplanned", "target": f"learner {learner}", "learner": learner, "phase": phase}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any) -> int:
+    number = _num(value)
+    return int(number) if number is not None else 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed child its parent has not reaped yet is a zombie: dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class RunReader:
+    """Reads a run directory into one snapshot dict; keeps file offsets between calls."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self.clock = clock
+        self._reset()
+
+    def _reset(self) -> None:
+        self.events = JsonlTail(self.path / EVENTS_FILE)
+        self.metrics = JsonlTail(self.path / METRICS_FILE)
+        self.chaos = JsonlTail(self.path / CHAOS_FILE)
+        self.embedded = False
+        self.rejected: Counter[int] = Counter()
+        self.staleness: dict[int, int] = {}
+        self.eval_points: list[tuple[float, float]] = []
+        self.train_by_step: dict[int, tuple[float, dict[int, float]]] = {}  # step -> (latest t, learner -> loss)
+        self.feed: deque[dict[str, Any]] = deque(maxlen=FEED_LINES)
+        self.lifecycle: deque[dict[str, Any]] = deque(maxlen=FEED_LINES)
+        self.restarts: Counter[int] = Counter()
+        self.status: dict[str, Any] = {}
+        self.status_bad = False
+        self.traffic: deque[tuple[float, int, int]] = deque(maxlen=40)
+
+    def _absorb(self) -> None:
+        tails = (self.events, self.metrics, self.chaos)
+        batches = [tail.read() for tail in tails]
+        if any(batch is None for batch in batches):
+            self._reset()
+            batches = [tail.read() or [] for tail in (self.events, self.metrics, self.chaos)]
+        events, metrics, chaos = (batch or [] for batch in batches)
+        for e in events:
+            kind, learner = e.get("kind"), e.get("learner")
+            if kind == "cluster_started":
+                self.embedded = e.get("address") == "embedded"
+            elif kind == "push_rejected" and isinstance(learner, int):
+                self.rejected[learner] += 1
+            elif (entry := lifecycle_entry(e)) is not None:
+                self.lifecycle.append(entry)
+            elif kind == "round_closed":
+                for who, stale in zip(e.get("contributors") or [], e.get("staleness") or [], strict=False):
+                    if isinstance(who, int) and isinstance(stale, int):
+                        self.staleness[who] = stale
+        for m in metrics:
+            t, loss = _num(m.get("t")), _num(m.get("loss"))
+            if m.get("kind") == "eval" and t is not None and _num(m.get("eval_loss")) is not None:
+                self.eval_points.append((t, float(m["eval_loss"])))
+            elif m.get("kind") == "train" and t is not None and loss is not None and isinstance(m.get("learner"), int):
+                # Learners log the same steps: the mean over the learners that logged a step.
+                seen_t, losses = self.train_by_step.get(_int(m.get("step")), (t, {}))
+                losses[m["learner"]] = loss
+                self.train_by_step[_int(m.get("step"))] = (max(seen_t, t), losses)
+        for c in chaos:
+            self.feed.append(c)
+            if c.get("phase") == "restarted" and isinstance(c.get("learner"), int):
+                self.restarts[c["learner"]] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything `dlc status` shows, as plain JSON-able data."""
+        self._absorb()
+        now = self.clock()
+        status_file = read_json(self.path / STATUS_FILE)
+        self.status_bad = status_file is None and (self.path / STATUS_FILE).exists()
+        if status_file is not None:
+            self.status = status_file
+        st, summary = self.status, read_json(self.path / SUMMARY_FILE)
+        recipe = read_recipe(self.path)
+        updated = _num(st.get("updated_at"))
+        # A resumed run keeps the previous summary until it ends: only a summary at least as new
+        # as status.json describes the current state.
+        if summary is not None and st and _mtime(self.path / SUMMARY_FILE) < _mtime(self.path / STATUS_FILE) - 1.0:
+            summary = None
+        state = str((summary or {}).get("status") or st.get("state") or ("starting" if not st else "unknown"))
+        age = None if updated is None else max(0.0, now - updated)
+        live = state == "running" and age is not None and age < STALE_AFTER_S
+        sync = _dict(st.get("syncer"))
+        learners = self._learners(st, summary, sync, live)
+        steps = sum(row["step"] for row in learners)
+        params = count_params(_dict(recipe.get("model")))
+        dp = dp_equivalent_bytes(params, steps)
+        up, down = _int(sync.get("bytes_up")), _int(sync.get("bytes_down"))
+        up_rate, down_rate = self._rates(updated, up, down, _num(st.get("elapsed_s")), live)
+        warnings = []
+        if self.status_bad:
+            warnings.append("status.json could not be read" + ("; showing the last good copy" if st else ""))
+        for tail in (self.events, self.metrics, self.chaos):
+            if tail.skipped:
+                warnings.append(f"{tail.path.name}: skipped {tail.skipped} unreadable line(s)")
+            if tail.partial and not live:
+                warnings.append(f"{tail.path.name}: last line is incomplete (ignored)")
+        if state == "running" and not live and age is not None:
+            warnings.append(f"status.json not updated for {fmt_duration(age)}: is the driver still running?")
+        goodput = _num(_dict(summary).get("goodput"))  # the final figure once the run has ended
+        return {
+            "run_dir": str(self.path),
+            "run": st.get("run") or _dict(recipe.get("run")).get("name") or self.path.name,
+            "algorithm": st.get("algorithm") or recipe.get("algorithm"),
+            "state": state,
+            "live": live,
+            "updated_at": updated,
+            "status_age_s": None if age is None else round(age, 1),
+            "error": (summary or {}).get("error"),
+            "elapsed_s": _num(st.get("elapsed_s")) if st else _num((summary or {}).get("wall_s")),
+            "progress": _num(st.get("progress")),
+            "eta_s": _num(st.get("eta_s")) if live else None,
+            "step": _num(st.get("step")),
+            "tokens": _int(st.get("tokens")),
+            "tokens_per_s": _num(st.get("tokens_per_s")) if live else None,
+            "train_loss": _num(st.get("train_loss")),
+            "eval_loss": _num(st.get("eval_loss")),
+            "eval_bpb": _num(st.get("eval_bpb")),
+            "eval_loss_initial": _num(st.get("eval_loss_initial")),
+            "goodput": goodput if goodput is not None else _num(st.get("goodput")),
+            "badput": _badput(_dict(summary)) or _badput(st),
+            "learners": learners,
+            "syncer": {
+                "rounds_closed": _int(sync.get("rounds_closed")),
+                "quorum": sync.get("quorum"),
+                "healthy": sync.get("healthy"),
+                "grace_window_s": _num(sync.get("grace_window_s")),
+                "mean_contributors": _num(sync.get("mean_contributors")),
+                "rejections": {str(k): _int(v) for k, v in _dict(sync.get("rejections")).items()},
+                "bytes_up": up,
+                "bytes_down": down,
+                "bytes_up_per_s": up_rate,
+                "bytes_down_per_s": down_rate,
+            },
+            "dp_equivalent": {"params": params, "learner_steps": steps, "bytes_each_way": dp},
+            "loss_history": {"eval": self.eval_points[-400:], "train": self._train_history(updated, st)},
+            "faults": list(self.feed or self.lifecycle),
+            "warnings": warnings,
+        }
+
+    def _train_history(self, updated: float | None, st: dict[str, Any]) -> list[tuple[float, float]]:
+        """metrics.jsonl's mean train loss, plus status.json's newer one (metrics are sparse)."""
+        points = sorted((t, statistics.fmean(losses.values())) for t, losses in self.train_by_step.values())[-400:]
+        loss = _num(st.get("train_loss"))
+        if updated is not None and loss is not None and (not points or updated > points[-1][0]):
+            points = [*points, (updated, loss)]
+        return points
+
+    def _learners(
+        self, st: dict[str, Any], summary: dict[str, Any] | None, sync: dict[str, Any], live: bool
+    ) -> list[dict[str, Any]]:
+        rows = [r for r in st.get("learners") or [] if isinstance(r, dict) and isinstance(r.get("id"), int)]
+        healthy = sync.get("healthy")
+        rates = [v for r in rows if r.get("state") == "training" and (v := _num(r.get("tokens_per_s")))]
+        median_rate = statistics.median(rates) if len(rates) > 1 else None
+        error = str((summary or {}).get("error") or "")
+        out = []
+        for r in rows:
+            i, state, pid = r["id"], str(r.get("state") or "starting"), r.get("pid")
+            rate = _num(r.get("tokens_per_s"))
+            if f"learner {i} died" in error:
+                state = "dead"
+            elif live and state == "training":
+                if self.embedded and isinstance(pid, int) and not _pid_alive(pid):
+                    state = "dead"
+                elif isinstance(healthy, list) and i not in healthy:
+                    state = "stalled"  # no heartbeat within the syncer's timeout
+                elif median_rate and rate is not None and rate < 0.5 * median_rate:
+                    state = "slow"
+            out.append(
+                {
+                    "id": i,
+                    "state": state,
+                    "step": _int(r.get("step")),
+                    "tokens": _int(r.get("tokens")),
+                    "tokens_per_s": rate,
+                    "loss": _num(r.get("loss")),
+                    "last_push_age_s": _num(r.get("last_push_age_s")),
+                    "staleness": r.get("staleness", self.staleness.get(i)),
+                    "restarts": _int(r.get("restarts", self.restarts.get(i, 0))),
+                    "rejected": _int(r.get("rejected", self.rejected.get(i, 0))),
+                    "goodput": _num(r.get("goodput")),
+                    "pid": pid,
+                }
+            )
+        return out
+
+    def _rates(
+        self, updated: float | None, up: int, down: int, elapsed: float | None, live: bool
+    ) -> tuple[float | None, float | None]:
+        """Bytes/s over the last ~10 s of snapshots while live, else the whole run's average."""
+        if updated is not None and (not self.traffic or self.traffic[-1][0] != updated):
+            self.traffic.append((updated, up, down))
+        while len(self.traffic) > 2 and self.traffic[-1][0] - self.traffic[1][0] >= 10.0:
+            self.traffic.popleft()
+        if live and len(self.traffic) > 1:
+            (t0, up0, down0), (t1, up1, down1) = self.traffic[0], self.traffic[-1]
+            return (up1 - up0) / (t1 - t0), (down1 - down0) / (t1 - t0)
+        if elapsed:
+            return up / elapsed, down / elapsed
+        return None, None
+
+
+def _badput(source: dict[str, Any]) -> dict[str, float]:
+    """Seconds lost per bucket, under either name the driver may use."""
+    raw = source.get("badput") or source.get("badput_s") or {}
+    return {str(k): float(v) for k, v in raw.items() if _num(v)} if isinstance(raw, dict) else {}
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,278 @@
+"""WAN bandwidth each approach needs: closed forms and a step-level link simulation.
+
+Per site, with N parameters at b bits per value and M sites, one ring all-reduce moves
+``S = 2 (1 - 1/M) b N`` bits over each site's link. Compute of one step takes T seconds,
+the backward pass the last ``backward_fraction`` of it.
+
+- **DP** all-reduces S every step. Gradient buckets leave during the backward pass and the
+  next step waits for the last one, so at utilisation CU the link has
+  ``T_bwd + T (1/CU - 1)`` seconds per step.
+- **Blocking DiLoCo** all-reduces the outer gradient every H steps and waits for it:
+  ``T_bwd + H T (1/CU - 1)`` seconds per sync.
+- **Decoupled** sends one fragment (S/P bits) every H/P steps and never waits for it, so
+  compute utilisation is 100% at any bandwidth that keeps up on average; what the design
+  needs is each merged fragment back within tau steps. The link must carry
+  ``max(S / (H T), (S/P) / (tau T))``.
+
+The simulation replays steps against a FIFO link (one message at a time, in release
+order) and searches the smallest bandwidth that meets the target; it adds what the closed
+forms leave out, such as the last gradient bucket that cannot overlap any compute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dlc.errors import UserError
+
+GBIT = 1e9
+APPROACHES: tuple[str, ...] = ("dp", "diloco", "decoupled_bf16", "decoupled_int4")
+CODEC_BITS: dict[str, float] = {"none": 32.0, "bf16": 16.0, "int8": 8.0, "int4": 4.0}
+
+
+def codec_bits_per_value(codec: str, block_size: int = 64, scale_bits: int = 32) -> float:
+    """Bits on the wire per value for a dlc codec, block scales included (int8/int4)."""
+    if codec not in CODEC_BITS:
+        raise UserError(f"codec {codec!r} is not one of {', '.join(CODEC_BITS)}")
+    bits = CODEC_BITS[codec]
+    return bits + scale_bits / block_size if codec in ("int8", "int4") else bits
+
+
+def bytes_per_step(
+    params: int,
+    fragments: int,
+    H: int,
+    bits_per_value: float,
+    reply_bits_per_value: float = 0.0,
+    header_bytes: int = 0,
+) -> float:
+    """Mean bytes one learner sends per inner step in a decoupled run.
+
+    Every parameter is pushed once per H steps, split into ``fragments`` messages of
+    ``header_bytes`` overhead each. ``reply_bits_per_value`` > 0 adds the merged fragments
+    the syncer sends back (learner receive side).
+    """
+    if params < 1 or fragments < 1 or H < 1 or bits_per_value <= 0 or reply_bits_per_value < 0:
+        raise UserError(
+            f"bytes_per_step needs params, fragments, H >= 1 and bits_per_value > 0; got params={params}, "
+            f"fragments={fragments}, H={H}, bits_per_value={bits_per_value}"
+        )
+    payload = params * (bits_per_value + reply_bits_per_value) / 8.0
+    messages = fragments * (2 if reply_bits_per_value > 0 else 1)
+    return (payload + messages * header_bytes) / H
+
+
+@dataclass(frozen=True)
+class LinkSetup:
+    """One WAN planning question: how fast must each site's link be."""
+
+    params: float = 5e9
+    step_time_s: float = 1.0
+    sites: int = 2
+    utilisation: float = 0.9
+    bits_per_value: float = 16.0
+    fragments: int = 24
+    H: int = 100
+    tau: float = 2.0
+    backward_fraction: float = 2.0 / 3.0
+    buckets: int = 32
+    int4_block: int = 64
+    int4_scale_bits: int = 32
+
+    def validate(self) -> None:
+        """Raise UserError, naming the option, for a value that makes no sense."""
+        checks = [
+            (self.params > 0, "--params", self.params, "pass a positive count such as 5B"),
+            (self.step_time_s > 0, "--step-time-s", self.step_time_s, "pass a positive time"),
+            (self.sites >= 2, "--sites", self.sites, "one site needs no WAN link; pass 2 or more"),
+            (0 < self.utilisation < 1, "--utilisation", self.utilisation, "pass a fraction below 1, e.g. 0.9"),
+            (self.bits_per_value > 0, "--bits-per-value", self.bits_per_value, "pass e.g. 16 for bf16"),
+            (self.fragments >= 1, "--fragments", self.fragments, "pass 1 or more"),
+            (self.H >= 1, "--inner-steps", self.H, "pass 1 or more"),
+            (self.tau > 0, "--tau", self.tau, "pass a positive number of steps"),
+            (0 < self.backward_fraction <= 1, "--backward-fraction", self.backward_fraction, "pass a fraction"),
+            (self.buckets >= 1, "--buckets", self.buckets, "pass 1 or more"),
+            (self.int4_block >= 1, "--int4-block", self.int4_block, "pass 1 or more"),
+            (self.int4_scale_bits >= 0, "--int4-scale-bits", self.int4_scale_bits, "pass 0 or more"),
+        ]
+        for ok, option, value, fix in checks:
+            if not ok:
+                raise UserError(f"{option}={value:g} is out of range: {fix}")
+
+    def sync_bits(self, bits_per_value: float) -> float:
+        """S: bits each site's link carries for one all-reduce of every parameter."""
+        return 2.0 * (1.0 - 1.0 / self.sites) * bits_per_value * self.params
+
+    @property
+    def int4_bits(self) -> float:
+        """int4 values plus one block scale per ``int4_block`` values."""
+        return 4.0 + self.int4_scale_bits / self.int4_block
+
+
+def dp_gbps(setup: LinkSetup, bits_per_value: float | None = None) -> float:
+    """Closed form for DP: S within the backward pass plus the allowed stall, every step."""
+    b = setup.bits_per_value if bits_per_value is None else bits_per_value
+    t = setup.step_time_s
+    window = setup.backward_fraction * t + t * (1.0 / setup.utilisation - 1.0)
+    return setup.sync_bits(b) / window / GBIT
+
+
+def diloco_gbps(setup: LinkSetup, bits_per_value: float | None = None) -> float:
+    """Closed form for blocking DiLoCo: S every H steps, the stall budget of H steps to hide it."""
+    b = setup.bits_per_value if bits_per_value is None else bits_per_value
+    t = setup.step_time_s
+    window = setup.backward_fraction * t + setup.H * t * (1.0 / setup.utilisation - 1.0)
+    return setup.sync_bits(b) / window / GBIT
+
+
+def decoupled_gbps(setup: LinkSetup, bits_per_value: float) -> float:
+    """Closed form for decoupled: keep up on average, and return each fragment within tau steps."""
+    s = setup.sync_bits(bits_per_value)
+    t = setup.step_time_s
+    sustained = s / (setup.H * t)
+    deadline = s / setup.fragments / (setup.tau * t)
+    return max(sustained, deadline) / GBIT
+
+
+def _fifo_finish(release_s: np.ndarray, size_bits: float, bps: float) -> np.ndarray:
+    """Finish times of equal messages sent in order over one link.
+
+    f_i = max(f_{i-1}, r_i) + s/B unrolls to (i+1) s/B + max_{j<=i} (r_j - j s/B).
+    """
+    tx = size_bits / bps
+    idx = np.arange(release_s.size)
+    return (idx + 1) * tx + np.maximum.accumulate(release_s - idx * tx)
+
+
+def _smallest(ok: Callable[[float], bool], guess_bps: float) -> float:
+    """Smallest bandwidth for which ``ok`` holds (``ok`` is monotone in bandwidth)."""
+    lo, hi = guess_bps, guess_bps
+    while ok(lo) and lo > 1.0:
+        lo /= 2.0
+    while not ok(hi):
+        hi *= 2.0
+        assert hi < guess_bps * 1e12, "no finite bandwidth meets the target"
+    while hi - lo > 1e-6 * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def _blocking_utilisation(setup: LinkSetup, bits: float, bps: float, compute_steps: int) -> float:
+    """Utilisation when ``bits`` leave in buckets during the last backward pass and the next step waits."""
+    t = setup.step_time_s
+    n = setup.buckets
+    t_fwd = (1.0 - setup.backward_fraction) * t
+    # Bucket k is ready once the backward pass has covered k+1 of n equal parts.
+    release = t_fwd + setup.backward_fraction * t * np.arange(1, n + 1) / n
+    last = _fifo_finish(release, bits / n, bps)[-1]
+    return compute_steps * t / ((compute_steps - 1) * t + max(t, last))
+
+
+def dp_sim_gbps(setup: LinkSetup, bits_per_value: float | None = None) -> float:
+    """Step-level simulation for DP: smallest bandwidth reaching the utilisation target."""
+    b = setup.bits_per_value if bits_per_value is None else bits_per_value
+    s = setup.sync_bits(b)
+    return _smallest(lambda bps: _blocking_utilisation(setup, s, bps, 1) >= setup.utilisation, s) / GBIT
+
+
+def diloco_sim_gbps(setup: LinkSetup, bits_per_value: float | None = None) -> float:
+    """Step-level simulation for blocking DiLoCo (sync during the H-th backward pass)."""
+    b = setup.bits_per_value if bits_per_value is None else bits_per_value
+    s = setup.sync_bits(b)
+    return _smallest(lambda bps: _blocking_utilisation(setup, s, bps, setup.H) >= setup.utilisation, s) / GBIT
+
+
+def decoupled_sim_gbps(setup: LinkSetup, bits_per_value: float, cycles: int = 500) -> float:
+    """Step-level simulation for decoupled: every fragment back within tau steps, over many cycles.
+
+    Fragment i leaves at the end of step ceil((i+1) H / P); compute never waits, so
+    release times do not depend on the link. ``cycles`` full passes over the fragments
+    let a link that is slightly too slow on average build a queue that breaks the deadline.
+    """
+    t = setup.step_time_s
+    n = cycles * setup.fragments
+    steps = np.ceil((np.arange(n) + 1) * setup.H / setup.fragments)
+    release = steps * t
+    size = setup.sync_bits(bits_per_value) / setup.fragments
+    deadline = setup.tau * t * (1.0 + 1e-9)
+
+    def ok(bps: float) -> bool:
+        return bool(np.all(_fifo_finish(release, size, bps) - release <= deadline))
+
+    return _smallest(ok, size / (setup.tau * t)) / GBIT
+
+
+@dataclass(frozen=True)
+class BandwidthRow:
+    """One approach: what it sends and the Gbit/s it needs, closed form and simulated."""
+
+    approach: str
+    bits_per_value: float
+    gbps: float
+    sim_gbps: float
+    gbit_per_step: float
+
+
+def plan(setup: LinkSetup) -> list[BandwidthRow]:
+    """DP, blocking DiLoCo and decoupled (bf16, int4) side by side."""
+    setup.validate()
+    b, h = setup.bits_per_value, setup.H
+    rows = [
+        BandwidthRow("dp", b, dp_gbps(setup), dp_sim_gbps(setup), setup.sync_bits(b) / GBIT),
+        BandwidthRow("diloco", b, diloco_gbps(setup), diloco_sim_gbps(setup), setup.sync_bits(b) / h / GBIT),
+    ]
+    for name, bits in (("decoupled_bf16", 16.0), ("decoupled_int4", setup.int4_bits)):
+        rows.append(
+            BandwidthRow(
+                name,
+                bits,
+                decoupled_gbps(setup, bits),
+                decoupled_sim_gbps(setup, bits),
+                setup.sync_bits(bits) / h / GBIT,
+            )
+        )
+    assert all(math.isfinite(r.gbps) and math.isfinite(r.sim_gbps) for r in rows)
+    return rows
+
+
+def recipe_traffic(recipe: Any) -> dict[str, float]:
+    """Predicted bytes per inner step of one learner in a `dlc train` run of `recipe`.
+
+    Exact codec sizes of the recipe's own fragments: each fragment goes up once every H steps;
+    down, each fragment comes back once per round, one round per fragment every H steps when
+    rounds merge every learner (more rounds, and more bytes down, when they do not). diloco
+    sends the whole model every H steps, dp its gradient every step (and gets the model back);
+    none sends nothing.
+    """
+    from dlc.core.codec import get_codec
+    from dlc.core.fragments import FragmentPlan, shapes_of
+    from dlc.core.model import build_model, flatten_params
+
+    sync = recipe.syncer
+    shapes = shapes_of(flatten_params(build_model(recipe.model, recipe.run.seed)[1]))
+    fragments, interval, codec = {
+        "decoupled": (sync.fragments, sync.sync_interval_steps, sync.codec),
+        "diloco": (1, sync.sync_interval_steps, sync.codec),
+        "dp": (1, 1, recipe.blocking.dp_codec),
+    }.get(recipe.algorithm, (1, 1, "none"))
+    plan = FragmentPlan.build(shapes, fragments)
+    up = get_codec(codec, sync.codec_block_values)
+    down = get_codec(recipe.blocking.dp_codec if recipe.algorithm == "dp" else sync.down_codec)
+    sizes = [plan.size(p) for p in range(plan.num_fragments)]
+    params = plan.total_size
+    sends = 0.0 if recipe.algorithm == "none" else 1.0
+    up_bytes = sends * sum(up.encoded_nbytes(n) for n in sizes) / interval
+    down_bytes = sends * sum(down.encoded_nbytes(n) for n in sizes) / interval
+    return {
+        "params": params,
+        "up_bytes_per_step": up_bytes,
+        "down_bytes_per_step": down_bytes,
+        "fp32_gradient_bytes": 4 * params,
+        "up_vs_fp32_gradient": up_bytes / (4 * params),
+    }

@@ -69,7 +69,7 @@ def say(message: str) -> None:
 
 def recipe_facts(recipe_path: str) -> dict[str, Any]:
     """Parameter count and tokens per step of the recipe (builds the model: imports JAX)."""
-    from dlc.config.schema import load_recipe
+    from dlc.config.load import load_recipe
     from dlc.core.model import build_model, count_params
 
     recipe = load_recipe(REPO / recipe_path)
@@ -77,7 +77,7 @@ def recipe_facts(recipe_path: str) -> dict[str, Any]:
     return {
         "n_params": count_params(build_model(recipe.model, recipe.run.seed)[1]),
         "learners": learners.count,
-        "tokens_per_step": [learners.batch_size_of(i) * learners.seq_len for i in range(learners.count)],
+        "tokens_per_step": [learners.resolved(i).batch_size * learners.seq_len for i in range(learners.count)],
     }
 
 
@@ -159,7 +159,7 @@ def command(recipe: str, run_dir: Path, overrides: list[str], plan_file: Path | 
 def check(recipe: str, overrides: list[str], plan: dict | None) -> str | None:
     """Why this run would be refused by the recipe or plan checks, or None."""
     from chaos.plan import plan_from_dict
-    from dlc.config.schema import load_recipe
+    from dlc.config.load import load_recipe
     from dlc.errors import UserError
 
     try:

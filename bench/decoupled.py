@@ -63,7 +63,7 @@ def main() -> None:
             f"eval.every_steps={10 * M * S}",
         )
 
-    from dlc.config.schema import load_recipe
+    from dlc.config.load import load_recipe
     from dlc.core.model import build_model, count_params
 
     params = count_params(build_model(load_recipe(args.recipe).model, 0)[1])

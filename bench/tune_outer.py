@@ -14,7 +14,7 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
-from dlc.config.schema import load_recipe  # noqa: E402
+from dlc.config.load import load_recipe  # noqa: E402
 from dlc.core.data import load_corpus, split_corpus  # noqa: E402
 from dlc.core.evaluate import Evaluator  # noqa: E402
 from dlc.core.learner import Learner  # noqa: E402

@@ -8,7 +8,7 @@ from chaos.controller import Controller, Report, run
 from chaos.faults import Fault, FaultKind
 from chaos.plan import Plan, TimelineEntry, load_plan, shipped_plans
 from chaos.schedule import schedule
-from chaos.target import LearnerInfo, ProcessSignals, RunDirTarget, Target, TargetError, read_control
+from chaos.target import LearnerInfo, ProcessSignals, RunDirTarget, Target, TargetError
 
 __all__ = [
     "Controller",
@@ -23,7 +23,6 @@ __all__ = [
     "TargetError",
     "TimelineEntry",
     "load_plan",
-    "read_control",
     "run",
     "schedule",
     "shipped_plans",

@@ -19,7 +19,8 @@ from typing import Any
 from chaos.faults import Fault, FaultKind
 from chaos.plan import Plan
 from chaos.schedule import schedule
-from chaos.target import GONE_STATES, LearnerInfo, Target, TargetError
+from chaos.target import LearnerInfo, Target, TargetError
+from dlc.run.files import GONE_STATES
 
 INJECTED, REFUSED, DRY_RUN, FAILED = "injected", "refused", "dry_run", "failed"
 

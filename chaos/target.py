@@ -2,7 +2,7 @@
 
 The controller only knows `Target`. `RunDirTarget` is the one a separate `dlc chaos` process uses: it
 reads `status.json`, signals processes by pid, and asks the driver for the rest (slow, join, leave,
-degrade_link, cut_link) by appending to `control.jsonl`, which the driver tails with `read_control`.
+degrade_link, cut_link) by appending to `control.jsonl`, which the driver tails.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from typing import Any, Protocol
 
 import yaml
 
-STATUS_FILE = "status.json"
-CONTROL_FILE = "control.jsonl"
-CHAOS_FILE = "chaos.jsonl"
-HEALTHY_STATES = frozenset({"training", "slow"})
-GONE_STATES = frozenset({"left", "finished", "failed"})
+from dlc.run.files import CHAOS_FILE, CONTROL_FILE, HEALTHY_STATES, RECIPE_FILE, STATUS_FILE, append_jsonl
+
 
 # The stall timer runs in its own interpreter and session, so it sends SIGCONT even when the
 # process that stalled the victim is killed, or the user presses Ctrl-C in its terminal.
@@ -131,49 +128,6 @@ def _check_pid(pid: object) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# JSON lines shared with the driver
-
-
-def append_jsonl(path: Path, entry: dict[str, Any]) -> None:
-    """Append one JSON line with a single write, so lines from several writers never interleave."""
-    line = (json.dumps(entry) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
-
-
-def read_control(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The complete JSON lines of ``path`` after byte ``offset``, and the offset to read from next time.
-
-    A half-written last line is left for the next call; a line that is not a JSON object is skipped;
-    a missing file is empty; a file shorter than ``offset`` (replaced) is read from the start. Works
-    for any JSON-lines file (control.jsonl, chaos.jsonl).
-    """
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < offset:
-                offset = 0
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    entries = []
-    for raw in data[:end].split(b"\n"):
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            entries.append(obj)
-    return entries, offset + end + 1
-
-
-# ---------------------------------------------------------------------------------------------
 # A live run, through its directory
 
 
@@ -226,7 +180,7 @@ class RunDirTarget:
         if isinstance(syncer, dict) and isinstance(syncer.get("quorum"), int):
             return syncer["quorum"]
         try:
-            recipe = yaml.safe_load((self.run_dir / "recipe.yaml").read_text()) or {}
+            recipe = yaml.safe_load((self.run_dir / RECIPE_FILE).read_text()) or {}
             return int(recipe["syncer"]["quorum"])
         except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
             return len(self.learners())

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlc.config.schema import dump_recipe, load_recipe
+from dlc.config.load import dump_recipe, load_recipe
 
 TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 T0 = 1_800_000_000.0  # run start, unix seconds

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dlc.config.schema import load_recipe
+from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.model import build_model, count_params
 from tests.conftest import TINY, run_cli

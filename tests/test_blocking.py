@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from dlc.algo.blocking.learner import Contribution, DataParallelSync
+from dlc.algo.blocking.learner import DataParallelSync
+from dlc.algo.blocking.messages import Contribution
 from dlc.algo.blocking.syncer import AdamWStep, BarrierSyncer, OuterStep
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec

@@ -27,18 +27,10 @@ from chaos.controller import Controller
 from chaos.faults import Fault, FaultKind
 from chaos.plan import Plan, load_plan, plan_from_dict, reference_markdown, shipped_plans
 from chaos.schedule import faults_until, schedule
-from chaos.target import (
-    CHAOS_FILE,
-    CONTROL_FILE,
-    LearnerInfo,
-    ProcessSignals,
-    RunDirTarget,
-    TargetError,
-    append_jsonl,
-    read_control,
-)
-from dlc.cli.chaos import chaos_command, latest_run
+from chaos.target import LearnerInfo, ProcessSignals, RunDirTarget, TargetError
+from dlc.cli.chaos import chaos_command
 from dlc.errors import UserError
+from dlc.run.files import CHAOS_FILE, CONTROL_FILE, append_jsonl, read_lines_after, resolve_run
 
 REPO = Path(__file__).resolve().parents[1]
 K, ST, SL, J, L, KS, DL, CL = (
@@ -731,14 +723,14 @@ def test_run_dir_target_acts_through_the_run_directory(tmp_path: Path, spawn):
     target.slow(1, 2.5, 20.0)
     target.join(60.0)
     target.leave(1)
-    lines, offset = read_control(tmp_path / CONTROL_FILE, 0)
+    lines, offset = read_lines_after(tmp_path / CONTROL_FILE, 0)
     assert [(x["op"], x["learner"], x["factor"], x["duration_s"]) for x in lines] == [
         ("slow", 1, 2.5, 20.0),
         ("join", None, None, 60.0),
         ("leave", 1, None, None),
     ]
     assert all(abs(x["t"] - time.time()) < 60 for x in lines)
-    assert read_control(tmp_path / CONTROL_FILE, offset) == ([], offset)
+    assert read_lines_after(tmp_path / CONTROL_FILE, offset) == ([], offset)
 
     target.record({"fault": "kill", "phase": "injected"})
     target.record({"fault": "stall", "phase": "refused", "t": 5.0})
@@ -781,17 +773,17 @@ def test_run_dir_target_tolerates_missing_stale_and_finished_status(tmp_path: Pa
 
 def test_read_control_leaves_a_half_written_line_for_later(tmp_path: Path):
     path = tmp_path / CONTROL_FILE
-    assert read_control(path, 0) == ([], 0)
+    assert read_lines_after(path, 0) == ([], 0)
     append_jsonl(path, {"op": "slow", "learner": 1})
     with open(path, "a") as f:
         f.write('not json\n{"op": "jo')
-    entries, offset = read_control(path, 0)
+    entries, offset = read_lines_after(path, 0)
     assert entries == [{"op": "slow", "learner": 1}] and offset == len(path.read_bytes()) - len('{"op": "jo')
     with open(path, "a") as f:
         f.write('in"}\n')
-    assert read_control(path, offset) == ([{"op": "join"}], len(path.read_bytes()))
+    assert read_lines_after(path, offset) == ([{"op": "join"}], len(path.read_bytes()))
     path.write_text('{"op": "leave"}\n')  # replaced by a shorter file: start over
-    assert read_control(path, 10_000)[0] == [{"op": "leave"}]
+    assert read_lines_after(path, 10_000)[0] == [{"op": "leave"}]
 
 
 def test_dry_run_against_a_run_directory_touches_nothing(tmp_path: Path, spawn):
@@ -856,7 +848,7 @@ def test_chaos_command_dry_run_on_the_latest_run(tmp_path: Path, monkeypatch, ca
         run.mkdir(parents=True)
         _write_status(run, {0: victim.pid, 1: 4242, 2: 4243})
     os.utime(old / "status.json", (time.time() - 100, time.time() - 100))
-    assert latest_run() == Path("runs/new")
+    assert resolve_run(None, live=True) == Path("runs/new")
     plan = tmp_path / "plan.yaml"
     plan.write_text("warmup_s: 0\ntimeline:\n  - {at_s: 0, fault: kill, learner: 0}\n  - {at_s: 0.1, fault: join}\n")
     chaos_command(**_args(plan=plan, dry_run=True, duration=2.0))

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from dlc.algo.decoupled.learner import SentRecord
+from dlc.algo.decoupled.messages import MergedFragment
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import load_corpus, split_corpus
 from dlc.engine.local import InProcessRun
-from dlc.net.transport import MergedFragment
 
 
 def small_recipe(learners=2, **syncer) -> Recipe:

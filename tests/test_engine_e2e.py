@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from dlc.config.schema import load_recipe
+from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan, shapes_of
 from dlc.core.model import build_model, flatten_params

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from dlc.config.schema import Recipe
+from dlc.algo.decoupled.messages import MergedFragment
+from dlc.config.schema import LinkSpec, Recipe
 from dlc.core.codec import get_codec
 from dlc.engine.local import FakeClock
-from dlc.net.link import DelayLine, Link, LinkSpec
-from dlc.net.transport import MergedFragment, Transport
+from dlc.net.link import DelayLine, Link
+from dlc.net.transport import Transport
 
 MB = 1_000_000
 
@@ -63,7 +64,7 @@ def test_transport_sends_on_ideal_links_at_once_and_queues_emulated_ones():
     recipe = Recipe.model_validate(
         {"learners": {"count": 2, "overrides": [{"index": 1, "bandwidth_mbps": 1.0, "latency_ms": 50.0}]}}
     )
-    transport = Transport(recipe.learners.link_of)
+    transport = Transport(lambda i: recipe.learners.resolved(i).link)
     got = []
 
     class Method:
@@ -90,7 +91,7 @@ def test_recipe_link_fields_and_overrides():
             }
         }
     )
-    assert recipe.learners.link_of(0) == LinkSpec(100.0, 20.0, 0.0)
-    assert recipe.learners.link_of(2) == LinkSpec(5.0, 20.0, 4.0)
-    assert recipe.learners.link_of(9) == LinkSpec(100.0, 20.0, 0.0)  # a joiner: the defaults
-    assert not Recipe().learners.link_of(0).emulated
+    assert recipe.learners.resolved(0).link == LinkSpec(100.0, 20.0, 0.0)
+    assert recipe.learners.resolved(2).link == LinkSpec(5.0, 20.0, 4.0)
+    assert recipe.learners.resolved(9).link == LinkSpec(100.0, 20.0, 0.0)  # a joiner: the defaults
+    assert not Recipe().learners.resolved(0).link.emulated

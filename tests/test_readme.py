@@ -1,12 +1,12 @@
 from pathlib import Path
 
-from dlc.config.schema import reference_markdown
+from dlc.config.reference import reference_markdown
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_recipe_reference_is_current():
-    # Regenerate with: python -c "from dlc.config.schema import reference_markdown; print(reference_markdown())"
+    # Regenerate with: python -c "from dlc.config.reference import reference_markdown; print(reference_markdown())"
     assert reference_markdown() in README.read_text()
 
 

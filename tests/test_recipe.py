@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from dlc.config.schema import Recipe, load_recipe, parse_overrides
+from dlc.config.load import load_recipe, parse_overrides
+from dlc.config.schema import Recipe
 from dlc.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,14 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from dlc.algo.decoupled.rounds import (
-    GraceWindow,
-    NormOutlier,
-    Push,
-    Reject,
-    RoundBook,
-    quorum_needed,
-)
+from dlc.algo.decoupled.guards import GraceWindow, NormOutlier, quorum_needed
+from dlc.algo.decoupled.messages import Push
+from dlc.algo.decoupled.rounds import Reject, RoundBook
 from dlc.core.codec import Encoded, get_codec
 
 SIZE = 4

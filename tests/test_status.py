@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from dlc.cli.app import app
 from dlc.errors import UserError
 from dlc.observe.dashboard import render, sparkline
-from dlc.observe.reader import JsonlTail, RunReader, count_params, resolve_run
+from dlc.observe.reader import RunReader, count_params
+from dlc.run.files import JsonlTail, resolve_run
 from tests.fixtures_runs import (
     ELAPSED_S,
     T0,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dlc.algo.decoupled.rounds import Push
+from dlc.algo.decoupled.messages import Push
 from dlc.algo.decoupled.syncer import Syncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec

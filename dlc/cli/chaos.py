@@ -17,7 +17,6 @@ from dlc.errors import UserError
 if TYPE_CHECKING:
     from chaos.controller import Report
 
-RUNS_DIR = Path("runs")
 # Command-line option -> the plan key it overrides.
 OPTION_KEYS = {
     "--kill-rate": "kill_per_learner_per_min",
@@ -32,30 +31,6 @@ OPTION_KEYS = {
     "--seed": "seed",
     "--duration": "duration_s",
 }
-
-
-def latest_run(runs_dir: Path = RUNS_DIR) -> Path:
-    """The run directory under ``runs_dir`` whose status.json was written last."""
-    candidates = sorted(runs_dir.glob("*/status.json"), key=lambda p: p.stat().st_mtime) if runs_dir.is_dir() else []
-    if not candidates:
-        raise UserError(
-            f"no run directory with a status.json under {str(runs_dir)!r}: start one with dlc train, "
-            "or name the run directory: dlc chaos runs/NAME"
-        )
-    return candidates[-1].parent
-
-
-def resolve_run(run: Path | None, runs_dir: Path = RUNS_DIR) -> Path:
-    """RUN as given (a run directory, or a name under ./runs), or the latest run."""
-    if run is None:
-        return latest_run(runs_dir)
-    for candidate in (run, runs_dir / run):
-        if (candidate / "status.json").is_file():
-            return candidate
-    raise UserError(
-        f"{str(run)!r} is not a run directory (no status.json there or under {str(runs_dir)!r}): "
-        "give the directory dlc train printed, or leave RUN out to pick the latest run"
-    )
 
 
 def chaos_command(
@@ -159,7 +134,9 @@ def chaos_command(
             "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate or --cut-link-rate, "
             "or a --plan"
         )
-    run_dir = resolve_run(run)
+    from dlc.run.files import resolve_run
+
+    run_dir = resolve_run(run, live=True)
     target = RunDirTarget(run_dir)
     if not target.running():
         state = target.status().get("state", "unknown")

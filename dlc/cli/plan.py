@@ -354,7 +354,7 @@ def bandwidth_command(
 
 
 def _recipe_traffic(path: Path, json_out: bool) -> None:
-    from dlc.config.schema import load_recipe
+    from dlc.config.load import load_recipe
     from dlc.plan.bandwidth import recipe_traffic
 
     recipe = load_recipe(path)

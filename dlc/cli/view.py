@@ -23,7 +23,8 @@ def status_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON and exit.")] = False,
 ) -> None:
     """Watch a run: learners, syncer, losses, faults. Reads only the run directory; q or Ctrl-C quits."""
-    from dlc.observe.reader import RunReader, resolve_run
+    from dlc.observe.reader import RunReader
+    from dlc.run.files import resolve_run
 
     path = resolve_run(run)
     if json_out:
@@ -47,7 +48,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Plot runs (eval loss, train loss per learner, goodput, bytes sent) and write a Markdown summary."""
-    from dlc.observe.reader import resolve_run
+    from dlc.run.files import resolve_run
 
     paths = [resolve_run(run) for run in runs] if runs else [resolve_run(None)]
     if len({p.resolve() for p in paths}) < len(paths):

@@ -1,22 +1,42 @@
-"""The recipe: one typed tree describing a training run, loaded from YAML plus overrides.
+"""The recipe: one typed tree describing a training run.
 
 Every field is declared here with its unit in its name and a description; a key that is not
-declared is an error with a did-you-mean, never a silently ignored default.
+declared is an error (see `dlc.config.load` for the did-you-mean), never a silently ignored default.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dlc.errors import UserError
-from dlc.net.link import LinkSpec
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One learner's emulated link to the syncer (see `dlc.net.link`)."""
+
+    bandwidth_mbps: float | None = None  # None: unlimited
+    latency_ms: float = 0.0
+    jitter_ms: float = 0.0
+
+    @property
+    def emulated(self) -> bool:
+        return self.bandwidth_mbps is not None or self.latency_ms > 0 or self.jitter_ms > 0
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """Everything that may differ between learners, resolved for one of them."""
+
+    index: int
+    batch_size: int
+    step_time_s: float
+    num_cpus: float
+    num_gpus: float
+    link: LinkSpec
 
 
 class Section(BaseModel):
@@ -123,22 +143,25 @@ class LearnersConfig(Section):
     )
     overrides: list[LearnerOverride] = Field(default_factory=list, description="Per-learner settings.")
 
-    def link_of(self, index: int) -> LinkSpec:
-        """Learner `index`'s link to the syncer (a joiner beyond the overrides gets the defaults)."""
-        spec = {"bandwidth_mbps": self.bandwidth_mbps, "latency_ms": self.latency_ms, "jitter_ms": self.jitter_ms}
-        for o in self.overrides:
-            if o.index == index:
-                spec.update({k: getattr(o, k) for k in spec if getattr(o, k) is not None})
-        return LinkSpec(**spec)
+    def resolved(self, index: int) -> LearnerSettings:
+        """Learner `index`'s settings: its override where one is set, else the learners' default.
 
-    def batch_size_of(self, index: int) -> int:
-        return next((o.batch_size for o in self.overrides if o.index == index and o.batch_size), self.batch_size)
+        A joiner beyond the overrides gets the defaults.
+        """
+        override = next((o for o in self.overrides if o.index == index), None)
 
-    def step_time_s_of(self, index: int) -> float:
-        for o in self.overrides:
-            if o.index == index and o.step_time_s is not None:
-                return o.step_time_s
-        return self.step_time_s
+        def pick(name: str) -> Any:
+            value = getattr(override, name) if override is not None else None
+            return getattr(self, name) if value is None else value
+
+        return LearnerSettings(
+            index=index,
+            batch_size=pick("batch_size"),
+            step_time_s=pick("step_time_s"),
+            num_cpus=pick("num_cpus"),
+            num_gpus=pick("num_gpus"),
+            link=LinkSpec(pick("bandwidth_mbps"), pick("latency_ms"), pick("jitter_ms")),
+        )
 
 
 class InnerConfig(Section):
@@ -308,152 +331,9 @@ class Recipe(Section):
             return self.run.max_steps
         assert self.run.max_tokens is not None
         tokens_per_round = sum(
-            self.learners.batch_size_of(i) * self.learners.seq_len for i in range(self.learners.count)
+            self.learners.resolved(i).batch_size * self.learners.seq_len for i in range(self.learners.count)
         )
         return max(1, -(-self.run.max_tokens // tokens_per_round))
 
     def default_run_dir(self) -> Path:
         return Path("runs") / f"{self.run.name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading and overrides
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`["a.b=1", "c=x"]` -> nested dict, values parsed as YAML scalars (`1` -> int, `[1,2]` -> list)."""
-    tree: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise UserError(f"override {item!r} is not key=value: write it as e.g. learners.count=2")
-        value = _parse_scalar(raw)
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserError(f"override {item!r} conflicts with an earlier override of {part!r}")
-            node = child
-        node[leaf] = value
-    return tree
-
-
-def _parse_scalar(raw: str) -> Any:
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        return raw
-    if isinstance(value, str):
-        try:  # YAML 1.1 reads 1e-3 as a string; a user means the number
-            return float(value)
-        except ValueError:
-            pass
-    return value
-
-
-def merge_tree(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_tree(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def recipe_from_dict(data: dict[str, Any], origin: str = "recipe") -> Recipe:
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(describe_validation_error(exc, origin)) from None
-
-
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read a YAML recipe, apply dotted key=value overrides, validate the whole tree once."""
-    path = Path(path)
-    if not path.is_file():
-        hint = ", ".join(sorted(p.name for p in Path("recipes").glob("*.yaml"))) if Path("recipes").is_dir() else ""
-        raise UserError(f"recipe file {str(path)!r} not found" + (f": recipes here are {hint}" if hint else ""))
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"recipe {str(path)!r} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"recipe {str(path)!r} must be a mapping of sections (run:, model:, ...)")
-    data = merge_tree(data, parse_overrides(overrides or []))
-    return recipe_from_dict(data, origin=str(path))
-
-
-def _field_names(loc: tuple[Any, ...]) -> list[str]:
-    """Declared field names at the place `loc` points to (for did-you-mean)."""
-    model: Any = Recipe
-    for part in loc[:-1]:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            if isinstance(part, int):
-                continue
-            return []
-        annotation = field.annotation
-        args = getattr(annotation, "__args__", ())
-        candidates = [annotation, *args]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return []
-    return list(model.model_fields)
-
-
-def describe_validation_error(exc: ValidationError, origin: str) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        where = ".".join(str(p) for p in loc) or "recipe"
-        if err["type"] == "extra_forbidden":
-            names = _field_names(loc)
-            close = difflib.get_close_matches(str(loc[-1]), names, n=1)
-            hint = (
-                f"did you mean {'.'.join(str(p) for p in loc[:-1] + (close[0],))}?"
-                if close
-                else (f"valid keys here: {', '.join(names)}" if names else "remove it")
-            )
-            lines.append(f"unknown key {where}: {hint}")
-        elif err["type"] == "value_error":
-            lines.append(str(err["msg"]).removeprefix("Value error, "))
-        else:
-            value = err.get("input")
-            lines.append(f"{where}={value!r}: {err['msg']}")
-    return f"invalid recipe {origin}:\n  " + "\n  ".join(lines)
-
-
-def dump_recipe(recipe: Recipe) -> str:
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
-
-
-def reference_markdown() -> str:
-    """The recipe reference tables of the README, generated from the declared fields."""
-    from pydantic_core import PydanticUndefined
-
-    lines: list[str] = ["**top level**", "", "| key | default | meaning |", "|---|---|---|"]
-    for name, field in Recipe.model_fields.items():
-        if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            lines.append(f"| `{name}` | `{json.dumps(field.default)}` | {field.description} |")
-    lines.append("")
-    for section, field in Recipe.model_fields.items():
-        model = field.annotation
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            continue
-        lines += [f"**`{section}`**: {field.description}", "", "| key | default | meaning |", "|---|---|---|"]
-        for name, sub in model.model_fields.items():
-            if sub.default_factory is not None:
-                default: Any = sub.default_factory()  # type: ignore[call-arg]
-            else:
-                default = "required" if sub.default is PydanticUndefined else sub.default
-            shown = default if default == "required" else json.dumps(default)
-            lines.append(f"| `{section}.{name}` | `{shown}` | {sub.description} |")
-            item = next(iter(getattr(sub.annotation, "__args__", ())), None)
-            if isinstance(item, type) and issubclass(item, BaseModel):  # a list of per-item settings
-                for key, leaf in item.model_fields.items():
-                    leaf_default = "required" if leaf.default is PydanticUndefined else json.dumps(leaf.default)
-                    lines.append(f"| `{section}.{name}[].{key}` | `{leaf_default}` | {leaf.description} |")
-        lines.append("")
-    return "\n".join(lines)

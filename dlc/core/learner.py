@@ -35,9 +35,9 @@ class StepRecord:
 class Learner:
     def __init__(self, recipe: Recipe, index: int, stream_bytes: np.ndarray) -> None:
         self.index = index
-        self.batch_size = recipe.learners.batch_size_of(index)
+        self.batch_size = recipe.learners.resolved(index).batch_size
         self.seq_len = recipe.learners.seq_len
-        self.pace_s = recipe.learners.step_time_s_of(index)
+        self.pace_s = recipe.learners.resolved(index).step_time_s
         self.graphdef, params = build_model(recipe.model, recipe.run.seed)
         self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
         self.params: Params = jax.device_put(params)

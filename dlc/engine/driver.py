@@ -8,17 +8,20 @@ the global model, and decides when the run ends.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import time
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from dlc.config.budget import Budget
 from dlc.config.schema import Recipe
-from dlc.core.data import Split, load_corpus, split_corpus
+from dlc.core.data import Split
+from dlc.engine.control import start_chaos
 from dlc.observe.console import ProgressView
-from dlc.run.rundir import SUMMARY_FILE, RunDir
+from dlc.observe.snapshot import RunView, Snapshots
+from dlc.run.files import GONE_STATES, SUMMARY_FILE, read_json
+from dlc.run.rundir import RunDir
 
 EXIT_INTERRUPTED = 130
 TICK_S = 0.2
@@ -54,55 +57,6 @@ class Outcome:
     exit_code: int = 0
 
 
-class Budget:
-    """The recipe's stop condition and how far along it the run is (0..1)."""
-
-    def __init__(self, recipe: Recipe) -> None:
-        self.max_steps = recipe.run.max_steps
-        self.max_tokens = recipe.run.max_tokens
-        self.max_wall_s = recipe.run.max_wall_s
-
-    def progress(self, step: float, tokens: int, wall_s: float) -> float:
-        limits = ((step, self.max_steps), (tokens, self.max_tokens), (wall_s, self.max_wall_s))
-        return min(1.0, max(value / limit for value, limit in limits if limit))
-
-    def driver_limit_reached(self, tokens: int, wall_s: float) -> bool:
-        return bool((self.max_tokens and tokens >= self.max_tokens) or (self.max_wall_s and wall_s >= self.max_wall_s))
-
-    def eta_s(self, step: float, tokens: int, wall_s: float, tokens_per_s: float, steps_per_s: float) -> float | None:
-        etas = []
-        if self.max_tokens and tokens_per_s > 0:
-            etas.append((self.max_tokens - tokens) / tokens_per_s)
-        if self.max_steps and steps_per_s > 0:
-            etas.append((self.max_steps - step) / steps_per_s)
-        if self.max_wall_s:
-            etas.append(self.max_wall_s - wall_s)
-        return max(0.0, min(etas)) if etas else None
-
-
-def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
-    """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside."""
-    view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
-    corpus = load_corpus(recipe.data)
-    min_bytes = max(recipe.learners.batch_size_of(i) for i in range(recipe.learners.count))
-    streams = recipe.learners.count + recipe.learners.join_streams
-    split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
-    rundir, resume = RunDir.prepare(recipe, fresh)
-    rundir.event(
-        "run_started",
-        run_dir=str(rundir.path),
-        corpus_bytes=len(corpus),
-        eval_bytes=len(split.eval_bytes),
-        learners=recipe.learners.count,
-        algorithm=recipe.algorithm,
-        resumed=resume,
-    )
-    try:
-        return Driver(recipe, rundir, resume, split, view, chaos_plan).run()
-    finally:
-        rundir.close()
-
-
 class Driver:
     def __init__(
         self, recipe: Recipe, rundir: RunDir, resume: bool, split: Split, view: ProgressView, chaos_plan: Any = None
@@ -115,6 +69,7 @@ class Driver:
         self.view = view
         self.budget = Budget(recipe)
         self.started = time.time()
+        self.snapshots = Snapshots(recipe, str(rundir.path), self.budget, self.started)
         self.started_monotonic = time.monotonic()
         from dlc.observe.tensorboard import TensorBoardWriter
 
@@ -130,39 +85,40 @@ class Driver:
         self._eval_ref: Any = None
         self._eval_step = 0.0
         self._next_eval = recipe.eval.every_steps
-        self._rates: list[tuple[float, int, float]] = []
         from dlc.algo.registry import get_algorithm
 
         self.has_global_model = get_algorithm(recipe.algorithm).global_model
         if resume:
-            previous = _read_json(rundir.path / SUMMARY_FILE)
+            previous = read_json(rundir.path / SUMMARY_FILE) or {}
             self.prior_wall_s = float(previous.get("wall_s", 0.0))
             self.eval_initial = previous.get("eval_loss_initial")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        from dlc.engine import actors as engine
+        from dlc.engine import cluster
 
         learners = self.recipe.learners
         # Learners, the syncer, and room for the learners chaos may add (each joiner reserves as
         # much as a learner): otherwise a joiner waits for CPUs and takes a restarting syncer's.
         cpus = (
-            sum(_learner_cpus(self.recipe, i) for i in range(learners.count))
+            sum(learners.resolved(i).num_cpus for i in range(learners.count))
             + learners.join_streams * learners.num_cpus
             + self.recipe.syncer.num_cpus
         )
-        cluster = engine.start_cluster(self.recipe.cluster, cpus)
-        self.rundir.event("cluster_started", **cluster)
+        started = cluster.start_cluster(self.recipe.cluster, cpus)
+        self.rundir.event("cluster_started", **started)
         try:
-            self._launch(engine)
+            self._launch()
         except BaseException as exc:
             # Nothing has trained yet: leave the run directory's summary and status as they were.
-            engine.stop_cluster()
+            cluster.stop_cluster()
             raise _user_error_inside(exc) from None
         status, exit_code = "failed", 1
         self.rundir.write_status(self._snapshot("running"))  # chaos acts on a run it sees running
-        chaos = self._start_chaos()
+        chaos = None
+        if self.chaos_plan is not None:
+            chaos = start_chaos(self.chaos_plan, self.rundir, self.view.message)
         try:
             with StopRequest() as stop, self.view:
                 self._watch(stop)
@@ -188,61 +144,38 @@ class Driver:
             self.rundir.write_summary(summary)
             self.rundir.event("run_finished", status=status, tokens=summary["tokens_total"])
             self.tb.close()
-            engine.stop_cluster()
+            cluster.stop_cluster()
         if self.failure:
             self.view.message(self.failure)
         return Outcome(status, summary, str(self.rundir.path), exit_code)
 
-    def _start_chaos(self) -> tuple[Any, Any] | None:
-        """Run the chaos plan in a thread, acting on this run through its run directory."""
-        if self.chaos_plan is None:
-            return None
-        import threading
-
-        from chaos import Controller, RunDirTarget
-
-        stop = threading.Event()
-        controller = Controller(
-            self.chaos_plan,
-            RunDirTarget(self.rundir.path),
-            stop=stop,
-            on_record=lambda e: self.view.message(
-                f"chaos: {e.get('phase')} {e.get('fault')} {e.get('target', '')} {e.get('detail', '')}".rstrip()
-            ),
-        )
-        thread = threading.Thread(target=controller.run, name="chaos", daemon=True)
-        thread.start()
-        self.rundir.event("chaos_started", plan=self.chaos_plan.summary())
-        return controller, stop
-
-    def _launch(self, engine: Any) -> None:
+    def _launch(self) -> None:
         import ray
+
+        from dlc.engine.evaluator_actor import EvaluatorActor
+        from dlc.engine.learner_actor import LearnerActor
+        from dlc.engine.supervisor import Supervisor
+        from dlc.engine.syncer_actor import SyncerActor
 
         recipe, rundir = self.recipe, self.rundir
         recipe_json = recipe.model_dump(mode="json")
         run_dir = str(rundir.path)
-        self.syncer = engine.SyncerActor.options(num_cpus=recipe.syncer.num_cpus).remote(recipe_json, run_dir)
+        self.syncer = SyncerActor.options(num_cpus=recipe.syncer.num_cpus).remote(recipe_json, run_dir)
         restored = ray.get(self.syncer.restore.remote()) if self.resume else None
         if restored:
             rundir.event("syncer_restored", **restored)
-        self.evaluator = engine.EvaluatorActor.options(num_cpus=0).remote(recipe_json, ray.put(self.split.eval_bytes))
-        from dlc.engine.supervisor import Supervisor
+        self.evaluator = EvaluatorActor.options(num_cpus=0).remote(recipe_json, ray.put(self.split.eval_bytes))
 
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
-            options: dict[str, Any] = {"num_cpus": _learner_cpus(recipe, i)}
-            gpus = next(
-                (o.num_gpus for o in recipe.learners.overrides if o.index == i and o.num_gpus is not None),
-                recipe.learners.num_gpus,
-            )
-            if gpus:
-                options["num_gpus"] = gpus
-            return engine.LearnerActor.options(**options).remote(
-                recipe_json, i, stream, run_dir, self.syncer, incarnation
-            )
+            settings = recipe.learners.resolved(i)
+            options: dict[str, Any] = {"num_cpus": settings.num_cpus}
+            if settings.num_gpus:
+                options["num_gpus"] = settings.num_gpus
+            return LearnerActor.options(**options).remote(recipe_json, i, stream, run_dir, self.syncer, incarnation)
 
         streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
         spares = [streams[i] for i in range(recipe.learners.count, len(streams))]
-        self.supervisor = Supervisor(recipe, rundir, engine, self.syncer, make_learner, spares)
+        self.supervisor = Supervisor(recipe, rundir, self.syncer, make_learner, spares)
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         if self.resume:
             for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
@@ -278,7 +211,7 @@ class Driver:
                 if snap["goodput"] is not None:  # goodput over time, for dlc report
                     self._metric(kind="goodput", step=snap["step"], tokens=snap["tokens"], goodput=snap["goodput"])
             states = [self.supervisor.state_of(i) for i in self.supervisor.slots]
-            done = all(state in ("finished", "failed", "left") for state in states)
+            done = all(state in GONE_STATES for state in states)
             # Learners stop themselves at run.max_steps (and report it); the driver enforces the rest.
             if done or self.budget.driver_limit_reached(tokens, self.wall_s()):
                 return
@@ -335,16 +268,14 @@ class Driver:
         """Start a new syncer from the checkpoint and journal; learners re-send what it never merged."""
         import ray
 
-        from dlc.engine import actors as engine
+        from dlc.engine.syncer_actor import SyncerActor
 
         died = time.time()
         chaos = self.supervisor.chaos
         self.rundir.event("syncer_died")
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
         recipe_json = self.recipe.model_dump(mode="json")
-        syncer = engine.SyncerActor.options(num_cpus=self.recipe.syncer.num_cpus).remote(
-            recipe_json, str(self.rundir.path)
-        )
+        syncer = SyncerActor.options(num_cpus=self.recipe.syncer.num_cpus).remote(recipe_json, str(self.rundir.path))
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
         live = self.supervisor.live()
         ray.get([syncer.register.remote(i, h) for i, h in live.items()], timeout=60)
@@ -430,6 +361,26 @@ class Driver:
         self.rundir.metric(**fields)
         self.tb.metric(fields)
 
+    def _view(self) -> RunView:
+        return RunView(
+            wall_s=self.wall_s(),
+            step=self._mean_step(),
+            tokens=self._tokens(),
+            learners=self._rows(),
+            goodput=self._goodput_summary(),
+            syncer=self.syncer_view,
+            rejected=self._rejected_by_learner,
+            eval_initial=self.eval_initial,
+            eval_loss=self.eval_loss,
+            eval_bpb=self.eval_bpb,
+        )
+
+    def _snapshot(self, run_state: str) -> dict[str, Any]:
+        return self.snapshots.status(run_state, self._view())
+
+    def _summary(self, status: str) -> dict[str, Any]:
+        return self.snapshots.summary(status, self._view(), self.failure)
+
     def _rows(self) -> list[dict[str, Any]]:
         return self.supervisor.rows() if hasattr(self, "supervisor") else []
 
@@ -442,91 +393,6 @@ class Driver:
         # learners' own counters only while they were alive (the ledger of tokens is the syncer's).
         return sum(v.get("tokens", 0) for v in self._rows())
 
-    def _snapshot(self, run_state: str) -> dict[str, Any]:
-        step, tokens, wall = self._mean_step(), self._tokens(), self.wall_s()
-        rows = self._rows()
-        ledger = self._goodput_summary()
-        tokens_per_s = sum(v.get("tokens_per_s", 0.0) for v in rows if v["state"] in ("training", "slow"))
-        now = time.monotonic()
-        self._rates = [r for r in self._rates if now - r[0] < 10.0] + [(now, tokens, step)]
-        t0, _, s0 = self._rates[0]
-        steps_per_s = (step - s0) / (now - t0) if now > t0 else 0.0
-        ages = self.syncer_view.get("last_push_age_s", {})
-        learners = [
-            {**v, "last_push_age_s": ages.get(str(v["id"])), "rejected": self._rejected_by_learner.get(v["id"], 0)}
-            for v in rows
-        ]
-
-        losses = [v["loss"] for v in learners if v.get("loss") is not None]
-        return {
-            "run": self.recipe.run.name,
-            "run_dir": str(self.rundir.path),
-            "algorithm": self.recipe.algorithm,
-            "state": run_state,
-            "updated_at": round(time.time(), 3),
-            "elapsed_s": round(wall, 3),
-            "progress": round(self.budget.progress(step, tokens, wall), 4),
-            "eta_s": _round(self.budget.eta_s(step, tokens, wall, tokens_per_s, steps_per_s)),
-            "step": round(step, 1),
-            "tokens": tokens,
-            "tokens_per_s": round(tokens_per_s, 1),
-            "train_loss": sum(losses) / len(losses) if losses else None,
-            "eval_loss": self.eval_loss,
-            "eval_bpb": self.eval_bpb,
-            "eval_loss_initial": self.eval_initial,
-            "learners": learners,
-            "syncer": self.syncer_view,
-            "goodput": ledger["goodput"],
-            "badput": ledger["badput"],
-        }
-
-    def _summary(self, status: str) -> dict[str, Any]:
-        sync = self.syncer_view
-        wall = self.wall_s()
-        tokens = self._tokens()
-        return {
-            "status": status,
-            "run": self.recipe.run.name,
-            "run_dir": str(self.rundir.path),
-            "algorithm": self.recipe.algorithm,
-            "wall_s": round(wall, 3),
-            "steps": round(self._mean_step(), 1),
-            "tokens_total": tokens,
-            "tokens_per_s": round(tokens / (time.time() - self.started), 1),
-            "eval_loss_initial": self.eval_initial,
-            "eval_loss_final": self.eval_loss,
-            "eval_bpb_final": self.eval_bpb,
-            "learners": [
-                {k: v.get(k) for k in _LEARNER_SUMMARY_KEYS}
-                | {"contributed": sync.get("contributed", {}).get(str(v["id"]), 0)}
-                for v in self._rows()
-            ],
-            **self._goodput_summary(),
-            "rounds": sync.get("rounds_closed", 0),
-            "versions": sync.get("versions", []),
-            "mean_contributors": sync.get("mean_contributors", 0.0),
-            "bytes_up": sync.get("bytes_up", 0),
-            "bytes_down": sync.get("bytes_down", 0),
-            "pushes_accepted": sync.get("pushes_accepted", 0),
-            "pushes_rejected": sync.get("rejections", {}),
-            "error": self.failure,
-        }
-
-
-_LEARNER_SUMMARY_KEYS = (
-    "id",
-    "state",
-    "restarts",
-    "goodput",
-    "step",
-    "tokens",
-    "data_position",
-    "pushes",
-    "adopted",
-    "bytes_sent",
-    "steady_tokens_per_s",
-)
-
 
 def _user_error_inside(exc: BaseException) -> BaseException:
     """A UserError raised inside an actor reaches the driver wrapped by Ray: unwrap it."""
@@ -536,25 +402,7 @@ def _user_error_inside(exc: BaseException) -> BaseException:
     return UserError(str(cause)) if isinstance(cause, UserError) else exc
 
 
-def _learner_cpus(recipe: Recipe, index: int) -> float:
-    for o in recipe.learners.overrides:
-        if o.index == index and o.num_cpus is not None:
-            return o.num_cpus
-    return recipe.learners.num_cpus
-
-
 def _bpb(loss: float) -> float:
     import math
 
     return loss / math.log(2)
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
-def _read_json(path: Any) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}

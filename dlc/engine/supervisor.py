@@ -20,10 +20,10 @@ from typing import Any
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.engine.control import ChaosLog
 from dlc.observe.goodput import STATE_BUCKET, Ledger
+from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
-
-HEALTHY = ("training", "slow")
 
 
 @dataclass
@@ -56,11 +56,10 @@ class LearnerSlot:
 
 class Supervisor:
     def __init__(
-        self, recipe: Recipe, rundir: RunDir, engine: Any, syncer: Any, make_learner: Any, spare_streams: list[Any]
+        self, recipe: Recipe, rundir: RunDir, syncer: Any, make_learner: Any, spare_streams: list[Any]
     ) -> None:
         self.recipe = recipe
         self.rundir = rundir
-        self.engine = engine
         self.syncer = syncer
         self.make_learner = make_learner  # (index, stream_ref) -> actor handle
         self.slots: dict[int, LearnerSlot] = {}
@@ -261,7 +260,7 @@ class Supervisor:
         candidates = [
             (slot.view.get("step", 0), i)
             for i, slot in self.slots.items()
-            if i != exclude and self.state_of(i) in HEALTHY and now - slot.last_seen < 2.0
+            if i != exclude and self.state_of(i) in HEALTHY_STATES and now - slot.last_seen < 2.0
         ]
         return max(candidates)[1] if candidates else None
 
@@ -333,70 +332,3 @@ class Supervisor:
                     if actor is not None:
                         ray.kill(actor)
         return out
-
-
-class ChaosLog:
-    """Reads fault injections from chaos.jsonl and control requests from control.jsonl; writes outcomes."""
-
-    def __init__(self, rundir: RunDir) -> None:
-        self.rundir = rundir
-        self.chaos_path = rundir.path / "chaos.jsonl"
-        self.control_path = rundir.path / "control.jsonl"
-        self._chaos_offset = 0
-        self._control_offset = 0
-        self.injected: dict[tuple[str, int | None], float] = {}
-
-    def requests(self) -> list[dict[str, Any]]:
-        """New injections are copied to events.jsonl; new control requests are returned."""
-        for entry in self._tail("chaos"):
-            if entry.get("phase") in ("injected", "refused", "dry_run"):
-                self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
-                if entry.get("phase") == "injected":
-                    self.injected[(str(entry.get("fault")), entry.get("learner"))] = float(entry.get("t", time.time()))
-        return self._tail("control")
-
-    def since(self, fault: str, learner: int | None) -> float | None:
-        t = self.injected.get((fault, learner))
-        return None if t is None else round(time.time() - t, 3)
-
-    def outcome(self, fault: str, learner: int | None, phase: str, **extra: Any) -> None:
-        """Record what was observed after a fault (only for faults that chaos injected)."""
-        if (fault, learner) not in self.injected:
-            return
-        entry = {
-            "t": round(time.time(), 3),
-            "fault": fault,
-            "target": f"learner {learner}",
-            "learner": learner,
-            "phase": phase,
-            **extra,
-        }
-        import json
-
-        with open(self.chaos_path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-        self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
-
-    def _tail(self, which: str) -> list[dict[str, Any]]:
-        import json
-
-        path = self.chaos_path if which == "chaos" else self.control_path
-        offset = self._chaos_offset if which == "chaos" else self._control_offset
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
-        entries = []
-        for line in data[:end].splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        if which == "chaos":
-            self._chaos_offset += end
-        else:
-            self._control_offset += end
-        return entries

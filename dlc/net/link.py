@@ -15,20 +15,10 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class LinkSpec:
-    bandwidth_mbps: float | None = None  # None: unlimited
-    latency_ms: float = 0.0
-    jitter_ms: float = 0.0
-
-    @property
-    def emulated(self) -> bool:
-        return self.bandwidth_mbps is not None or self.latency_ms > 0 or self.jitter_ms > 0
+from dlc.config.schema import LinkSpec
 
 
 class Link:

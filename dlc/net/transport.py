@@ -10,22 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dlc.config.schema import LinkSpec
 from dlc.core.codec import Encoded
-from dlc.net.link import DelayLine, Link, LinkSpec
-
-
-@dataclass(frozen=True)
-class MergedFragment:
-    """Syncer -> learner: the new global value of fragment p at version v."""
-
-    fragment: int
-    version: int
-    payload: Encoded
-    sent_at: float
-    merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
+from dlc.net.link import DelayLine, Link
 
 
 class Message(Protocol):

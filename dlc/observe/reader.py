@@ -7,7 +7,6 @@ missing file or a corrupt status.json degrades the view, never crashes it.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -18,11 +17,18 @@ from typing import Any
 
 import yaml
 
-from dlc.errors import UserError
 from dlc.observe.console import fmt_duration
-from dlc.run.rundir import EVENTS_FILE, METRICS_FILE, RECIPE_FILE, STATUS_FILE, SUMMARY_FILE
+from dlc.run.files import (
+    CHAOS_FILE,
+    EVENTS_FILE,
+    METRICS_FILE,
+    RECIPE_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    JsonlTail,
+    read_json,
+)
 
-CHAOS_FILE = "chaos.jsonl"
 VOCAB_SIZE = 256  # bytes; the same as dlc.core.model's, repeated so this module never imports JAX
 # A running run whose status.json is older than this has lost its driver (it rewrites ~1/s).
 STALE_AFTER_S = 15.0
@@ -30,91 +36,7 @@ FEED_LINES = 6  # chaos entries kept for the feed
 LIFECYCLE_KINDS = ("learner_died", "learner_restarted", "learner_rejoined", "learner_recovered", "learner_left")
 
 
-# -- finding and reading a run directory -------------------------------------------------------
-
-
-def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / name).is_file() for name in (RECIPE_FILE, STATUS_FILE, EVENTS_FILE))
-
-
-def resolve_run(run: Path | None, runs_root: Path = Path("runs")) -> Path:
-    """The run directory to show: `run`, or the most recently touched run under `runs_root`."""
-    if run is None:
-        candidates = [p for p in runs_root.iterdir() if is_run_dir(p)] if runs_root.is_dir() else []
-        if not candidates:
-            raise UserError(f"no run directory under {str(runs_root)!r}: pass one, e.g. dlc status runs/tiny-<time>")
-        return max(candidates, key=_touched)
-    if not run.exists():
-        raise UserError(f"run directory {str(run)!r} does not exist: pass a directory made by dlc train")
-    if not is_run_dir(run):
-        raise UserError(
-            f"{str(run)!r} is not a run directory (no {RECIPE_FILE}, {STATUS_FILE} or {EVENTS_FILE}): "
-            "pass a directory made by dlc train"
-        )
-    return run
-
-
-def _touched(path: Path) -> float:
-    # status.json is replaced about once a second while a run lives, which also bumps the directory.
-    return max(p.stat().st_mtime for p in (path, path / STATUS_FILE, path / RECIPE_FILE) if p.exists())
-
-
-def read_json(path: Path, attempts: int = 3) -> dict[str, Any] | None:
-    """A JSON object file, or None when missing or unreadable (retried: a writer may be mid-way)."""
-    for attempt in range(attempts):
-        try:
-            obj = json.loads(path.read_bytes())
-            return obj if isinstance(obj, dict) else None
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            if attempt + 1 < attempts:
-                time.sleep(0.05)
-    return None
-
-
-class JsonlTail:
-    """Yields the complete JSON-object lines appended to a file since the previous read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.skipped = 0  # complete lines that were not a JSON object
-        self.partial = False  # the file ends in a line still being written (or cut short)
-
-    def read(self) -> list[dict[str, Any]] | None:
-        """New records; None when the file shrank (a fresh run replaced it): start over."""
-        try:
-            with open(self.path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < self.offset:
-                    return None
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # an unterminated last line waits for the next read
-        self.partial = end < len(data)
-        self.offset += end
-        records = []
-        for line in data[:end].splitlines():
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                obj = None
-            if isinstance(obj, dict):
-                records.append(obj)
-            else:
-                self.skipped += 1
-        return records
-
-
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """All JSON-object lines of a file and how many lines were skipped (a cut last line counts)."""
-    tail = JsonlTail(path)
-    records = tail.read() or []
-    return records, tail.skipped + int(tail.partial)
+# -- reading a run directory ----------------------------------------------------------------------
 
 
 def read_recipe(path: Path) -> dict[str, Any]:

@@ -15,16 +15,8 @@ from typing import Any
 import numpy as np
 
 from dlc.observe.console import fmt_duration
-from dlc.observe.reader import (
-    CHAOS_FILE,
-    count_params,
-    dp_equivalent_bytes,
-    lifecycle_entry,
-    read_json,
-    read_jsonl,
-    read_recipe,
-)
-from dlc.run.rundir import EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE
+from dlc.observe.reader import count_params, dp_equivalent_bytes, lifecycle_entry, read_recipe
+from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
 FIGSIZE_IN = (8.0, 4.5)
 DPI = 100  # every PNG is 800 x 450 pixels

@@ -7,7 +7,6 @@ nothing requires a connection to the running job.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -15,32 +14,22 @@ from typing import Any, TextIO
 
 import yaml
 
-from dlc.config.schema import Recipe, dump_recipe
+from dlc.config.load import dump_recipe
+from dlc.config.schema import Recipe
 from dlc.errors import UserError
+from dlc.run.files import (
+    CHECKPOINT_DIR,
+    EVENTS_FILE,
+    METRICS_FILE,
+    RECIPE_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    jsonable,
+    write_json_atomic,
+)
 
-RECIPE_FILE = "recipe.yaml"
-EVENTS_FILE = "events.jsonl"
-METRICS_FILE = "metrics.jsonl"
-STATUS_FILE = "status.json"
-SUMMARY_FILE = "summary.json"
-CHECKPOINT_DIR = "checkpoints"
 # Recipe sections a resumed run must share with the checkpoint it resumes from.
 _STATE_SHAPING = ("model", "data", "learners")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON so that a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_jsonable))
-    os.replace(tmp, path)
-
-
-def _jsonable(obj: Any) -> Any:
-    if hasattr(obj, "item"):
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 class RunDir:
@@ -83,10 +72,10 @@ class RunDir:
         return self.path / CHECKPOINT_DIR
 
     def event(self, kind: str, **fields: Any) -> None:
-        self._events.write(json.dumps({"t": round(time.time(), 3), "kind": kind, **fields}, default=_jsonable) + "\n")
+        self._events.write(json.dumps({"t": round(time.time(), 3), "kind": kind, **fields}, default=jsonable) + "\n")
 
     def metric(self, **fields: Any) -> None:
-        self._metrics.write(json.dumps({"t": round(time.time(), 3), **fields}, default=_jsonable) + "\n")
+        self._metrics.write(json.dumps({"t": round(time.time(), 3), **fields}, default=jsonable) + "\n")
 
     def write_status(self, status: dict[str, Any]) -> None:
         write_json_atomic(self.path / STATUS_FILE, status)

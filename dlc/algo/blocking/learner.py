@@ -18,39 +18,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from dlc.algo.blocking.messages import Contribution, GlobalModel
 from dlc.config.schema import Recipe
-from dlc.core.codec import Encoded, get_codec
+from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan, shapes_of
 from dlc.core.learner import Learner
 from dlc.core.model import flatten_params, unflatten_params
 from dlc.net.transport import RemoteMethod, Transport
-
-
-@dataclass(frozen=True)
-class Contribution:
-    """Learner -> syncer: a gradient (dp) or outer gradient (diloco) computed at global `version`."""
-
-    learner: int
-    version: int
-    seq: int
-    steps: int
-    tokens: int
-    payload: Encoded
-    sent_at: float
-
-
-@dataclass(frozen=True)
-class GlobalModel:
-    """Syncer -> learner: the whole global model at `version`."""
-
-    version: int
-    payload: Encoded
-    sent_at: float
 
 
 class BlockingLearnerSync:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dlc.algo.blocking.learner import Contribution, GlobalModel
+from dlc.algo.blocking.messages import Contribution, GlobalModel
 from dlc.algo.decoupled.syncer import counter_status
 from dlc.algo.outer import OuterNesterov, merge_weights
 from dlc.config.schema import Recipe

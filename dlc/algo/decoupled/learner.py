@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from dlc.algo.decoupled.rounds import Push
+from dlc.algo.decoupled.messages import MergedFragment, Push
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
 from dlc.core.learner import Learner
 from dlc.core.model import ParamView
-from dlc.net.transport import MergedFragment, RemoteMethod, Transport
+from dlc.net.transport import RemoteMethod, Transport
 
 
 @dataclass

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from dlc.algo.decoupled.rounds import GraceWindow, Push, RoundBook, RoundResult
+from dlc.algo.decoupled.guards import GraceWindow
+from dlc.algo.decoupled.messages import MergedFragment, Push
+from dlc.algo.decoupled.rounds import RoundBook, RoundResult
 from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
-from dlc.net.transport import MergedFragment
 
 # Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
 EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})

@@ -1,75 +1,28 @@
-"""Processes of a run on Ray: the embedded cluster, learner, syncer and evaluator actors.
+"""The learner actor: one Learner, its sync protocol and its training loop, in a Ray actor process.
 
 Each learner is its own Ray actor process with its own JAX runtime. Its training loop runs in
 a thread of the actor, so the actor's methods (deliveries of merged fragments, polls from the
-driver) are served while it trains. The syncer actor orders pushes in one concurrency group and
-closes rounds from a ticking thread. The driver only talks to actors with timeouts, because a
-frozen (SIGSTOPped) process never answers.
+driver, state copies for a rejoining peer) are served while it trains. The driver only talks to
+actors with timeouts, because a frozen (SIGSTOPped) process never answers.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single-node init on 127.0.0.1
+import numpy as np
+import ray
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-
-from dlc.config.schema import ClusterConfig, Recipe  # noqa: E402
-from dlc.errors import UserError  # noqa: E402
-from dlc.run.checkpoint import Checkpointer  # noqa: E402
+from dlc.config.schema import Recipe
+from dlc.run.checkpoint import Checkpointer
+from dlc.run.files import learner_checkpoint_dir
 
 SEQ_STRIDE = 10**9
-
-
-# ---------------------------------------------------------------------------------------------
-# Cluster
-
-
-def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:
-    """Join `cfg.address`, or start an embedded single-node cluster on loopback."""
-    common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
-    if cfg.address:
-        try:
-            ray.init(address=cfg.address, **common)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserError(f"cannot join the Ray cluster at cluster.address={cfg.address!r}: {exc}") from None
-        available = ray.cluster_resources().get("CPU", 0.0)
-        if available < cpus_needed:
-            ray.shutdown()
-            raise UserError(
-                f"the Ray cluster at {cfg.address} has {available:g} CPUs, the recipe reserves {cpus_needed:g}: "
-                "lower learners.num_cpus / syncer.num_cpus or add nodes"
-            )
-    else:
-        # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.
-        num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), cpus_needed)
-        ray.init(num_cpus=int(np.ceil(num_cpus)), _node_ip_address="127.0.0.1", **common)
-    return {"address": cfg.address or "embedded", "nodes": [n["NodeManagerAddress"] for n in ray.nodes()]}
-
-
-def stop_cluster() -> None:
-    if ray.is_initialized():
-        ray.shutdown()
-
-
-def learner_checkpoint_dir(run_dir: Path, index: int) -> Path:
-    return run_dir / "checkpoints" / f"learner-{index}"
-
-
-def syncer_checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" / "syncer"
-
-
-# ---------------------------------------------------------------------------------------------
-# Learner
 
 
 class LearnerWorker:
@@ -93,7 +46,8 @@ class LearnerWorker:
         self.incarnation = incarnation
         self.syncer = syncer
         self.learner = Learner(self.recipe, index, stream)
-        self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed)  # this learner's uplink
+        learners = self.recipe.learners
+        self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
         self.sync.idle = self._serve_export  # a learner blocked on the others still serves state copies
@@ -340,185 +294,4 @@ class LearnerWorker:
         return self.poll()
 
 
-# ---------------------------------------------------------------------------------------------
-# Syncer
-
-
-class SyncerWorker:
-    """Lives in the syncer actor: a Syncer behind a lock, a ticking thread, checkpoints."""
-
-    def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
-        from dlc.algo.registry import get_algorithm
-        from dlc.core.model import build_model, flatten_params
-
-        self.recipe = Recipe.model_validate(recipe_json)
-        _, params = build_model(self.recipe.model, self.recipe.run.seed)
-        self.shapes = flatten_params(params)
-        self.learners: dict[int, Any] = {}
-        from dlc.net.transport import Transport
-
-        self.transport = Transport(self.recipe.learners.link_of, seed=self.recipe.run.seed + 1)  # the downlinks
-        self.algorithm = get_algorithm(self.recipe.algorithm)
-        self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
-        self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
-        self.journal_path = Path(run_dir) / "checkpoints" / "syncer-journal.pkl"
-        self.journal_path.parent.mkdir(parents=True, exist_ok=True)
-        self._journal = open(self.journal_path, "ab")  # noqa: SIM115 (lives as long as the actor)
-        self.syncer.journal = self._write_journal
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._last_save = time.monotonic()
-        self.error: str | None = None
-        self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
-
-    def _deliver(self, learner: int, message: Any) -> int:
-        handle = self.learners.get(learner)
-        return self.transport.send(handle.deliver, message, link=learner) if handle is not None else 0
-
-    def impair_link(self, index: int, factor: float | None, seconds: float) -> None:
-        """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
-        self.transport.impair(index, factor, seconds)
-
-    def _write_journal(self, record: dict[str, Any]) -> None:
-        # A killed process loses nothing it has written: the page cache outlives it.
-        pickle.dump(record, self._journal, protocol=pickle.HIGHEST_PROTOCOL)
-        self._journal.flush()
-
-    def restore(self) -> dict[str, Any] | None:
-        """The last checkpoint, then every journaled round after it: the state at the moment of death."""
-        restored = None
-        if self.checkpointer.latest_step() is not None:
-            tree, meta = self.checkpointer.restore(self.syncer.state()[0])
-            if meta.get("plan") != self.syncer.fingerprint():
-                raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
-            self.syncer.load(tree, meta)
-            restored = {"checkpoint_rounds": meta["rounds_closed"]}
-        replayed = 0
-        for path in (self.journal_path.with_suffix(".prev"), self.journal_path):
-            for record in _read_journal(path):
-                replayed += self.syncer.replay(record)
-        if restored is None and replayed == 0:
-            return None
-        return {
-            **(restored or {}),
-            "journal_rounds": replayed,
-            "versions": self.syncer.versions(),
-            "rounds_closed": self.syncer.rounds_closed,
-        }
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def register(self, index: int, handle: Any) -> None:
-        with self.lock:
-            self.learners[index] = handle
-            self.syncer.join(index)
-
-    def rejoin(self, index: int, handle: Any) -> None:
-        """A restarted learner: a new incarnation of `index` whose seqs start again."""
-        with self.lock:
-            self.learners[index] = handle
-            self.syncer.rejoin(index)
-
-    def leave(self, index: int) -> None:
-        with self.lock:
-            self.learners.pop(index, None)
-            self.syncer.leave(index)
-
-    @ray.method(concurrency_group="pushes")  # one thread: pushes from a learner stay in order
-    def push(self, push: Any) -> None:
-        with self.lock:
-            self.syncer.push(push)
-            self.syncer.tick()
-
-    @ray.method(concurrency_group="pushes")
-    def barrier(self) -> None:
-        """Returns after every push sent before it by the same caller has been handled."""
-
-    def heartbeat(self, index: int) -> None:
-        with self.lock:
-            self.syncer.heartbeat(index)
-
-    def _tick_loop(self) -> None:
-        try:
-            while not self._stop.wait(0.005):
-                with self.lock:
-                    self.syncer.tick()
-                if time.monotonic() - self._last_save >= self.recipe.syncer.checkpoint_interval_s:
-                    self.save()
-        except Exception:
-            self.error = traceback.format_exc()
-
-    def save(self) -> None:
-        with self.lock:
-            tree, meta = self.syncer.state()
-            tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
-            step = self.syncer.rounds_closed
-            # Rounds after this state go to a fresh journal; the old one stays until the
-            # checkpoint is complete, so a death mid-save still replays from the previous one.
-            self._journal.close()
-            os.replace(self.journal_path, self.journal_path.with_suffix(".prev"))
-            self._journal = open(self.journal_path, "ab")  # noqa: SIM115
-        self.checkpointer.save(step, tree, meta)
-        self.journal_path.with_suffix(".prev").unlink(missing_ok=True)
-        self._last_save = time.monotonic()
-
-    def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
-        with self.lock:
-            return [t.copy() for t in self.syncer.theta], self.syncer.versions()
-
-    def global_params(self) -> dict[str, np.ndarray]:
-        with self.lock:
-            return self.syncer.global_params(self.shapes)
-
-    def poll(self) -> dict[str, Any]:
-        with self.lock:
-            status = {**self.syncer.status(), "pid": os.getpid()}
-            return {"status": status, "events": self.syncer.drain_events(), "error": self.error}
-
-    def finish(self) -> dict[str, Any]:
-        """End of run: close every round holding a push, stop ticking, checkpoint."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        with self.lock:
-            self.syncer.flush()
-        self.save()
-        return self.poll()
-
-
-def _read_journal(path: Path) -> list[dict[str, Any]]:
-    records = []
-    try:
-        with open(path, "rb") as f:
-            while True:
-                try:
-                    records.append(pickle.load(f))
-                except EOFError:
-                    break
-                except (pickle.UnpicklingError, ValueError, AttributeError):
-                    break  # a record cut short by the death: everything before it stands
-    except FileNotFoundError:
-        pass
-    return records
-
-
-class EvaluatorWorker:
-    """Lives in the evaluator actor: evaluates global parameter snapshots off the critical path."""
-
-    def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
-        from dlc.core.evaluate import Evaluator
-        from dlc.core.model import build_model, unflatten_params
-
-        self.recipe = Recipe.model_validate(recipe_json)
-        graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
-        self._unflatten = unflatten_params
-        self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)
-
-    def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
-        return self.evaluator(self._unflatten(flat, self.like))
-
-
 LearnerActor = ray.remote(max_concurrency=4)(LearnerWorker)
-SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)
-EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)

@@ -1,0 +1,67 @@
+"""`dlc train`: load the recipe (and a chaos plan), call `dlc.train.run`, print the outcome."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def train_command(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file, e.g. recipes/tiny.yaml.", show_default=False)],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Dotted key=value overrides, e.g. run.dir=/tmp/r1 learners.count=2.", show_default=False),
+    ] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Start over even if the run directory holds a checkpoint.")
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Join this Ray cluster (same as cluster.address=...).", show_default=False),
+    ] = None,
+    chaos: Annotated[
+        str | None,
+        typer.Option(
+            "--chaos",
+            help="Run a chaos plan alongside: a YAML file or a shipped plan (kill_storm, ...).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Train a model from a recipe. Resumes when run.dir holds a checkpoint (unless --fresh)."""
+    from dlc.config.load import load_recipe
+
+    try:
+        extra = [f"cluster.address={address}"] if address else []
+        loaded = load_recipe(recipe, [*(overrides or []), *extra])
+        plan = None
+        if chaos is not None:
+            from chaos.plan import load_plan, resolve_plan_path
+
+            plan = load_plan(resolve_plan_path(chaos))
+            plan.check_learners(range(loaded.learners.count))
+        from dlc.core.runtime import limit_xla_threads
+
+        limit_xla_threads(loaded.learners.xla_cpu_threads)
+        from dlc.train import run
+
+        outcome = run(loaded, fresh=fresh, chaos_plan=plan)
+    except KeyboardInterrupt:
+        typer.echo("interrupted while starting: nothing was trained", err=True)
+        raise typer.Exit(130) from None
+    summary = outcome.summary
+    final, initial = summary.get("eval_loss_final"), summary.get("eval_loss_initial")
+    loss = ""
+    if final is not None and initial is not None:
+        loss = f"; eval loss {initial:.3f} -> {final:.3f} ({summary['eval_bpb_final']:.3f} bits/byte)"
+    typer.echo(
+        f"{outcome.status}: {summary['tokens_total']:,} tokens in {summary['wall_s']:.1f} s{loss}; "
+        f"run dir {outcome.run_dir}",
+        err=True,
+    )
+    if outcome.status == "interrupted":
+        args = " ".join([str(recipe), *(o for o in overrides or [] if not o.startswith("run.dir="))])
+        typer.echo(f"resume with: dlc train {args} run.dir={outcome.run_dir}", err=True)
+    raise typer.Exit(outcome.exit_code)

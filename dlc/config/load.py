@@ -1,0 +1,122 @@
+"""Loading a recipe: YAML, dotted key=value overrides, and validation errors a user can act on."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dlc.config.schema import Recipe
+from dlc.errors import UserError
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["a.b=1", "c=x"]` -> nested dict, values parsed as YAML scalars (`1` -> int, `[1,2]` -> list)."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UserError(f"override {item!r} is not key=value: write it as e.g. learners.count=2")
+        value = _parse_scalar(raw)
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"override {item!r} conflicts with an earlier override of {part!r}")
+            node = child
+        node[leaf] = value
+    return tree
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-3 as a string; a user means the number
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def merge_tree(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_tree(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def recipe_from_dict(data: dict[str, Any], origin: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(describe_validation_error(exc, origin)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read a YAML recipe, apply dotted key=value overrides, validate the whole tree once."""
+    path = Path(path)
+    if not path.is_file():
+        hint = ", ".join(sorted(p.name for p in Path("recipes").glob("*.yaml"))) if Path("recipes").is_dir() else ""
+        raise UserError(f"recipe file {str(path)!r} not found" + (f": recipes here are {hint}" if hint else ""))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"recipe {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {str(path)!r} must be a mapping of sections (run:, model:, ...)")
+    data = merge_tree(data, parse_overrides(overrides or []))
+    return recipe_from_dict(data, origin=str(path))
+
+
+def _field_names(loc: tuple[Any, ...]) -> list[str]:
+    """Declared field names at the place `loc` points to (for did-you-mean)."""
+    model: Any = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            if isinstance(part, int):
+                continue
+            return []
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        candidates = [annotation, *args]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def describe_validation_error(exc: ValidationError, origin: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in loc) or "recipe"
+        if err["type"] == "extra_forbidden":
+            names = _field_names(loc)
+            close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+            hint = (
+                f"did you mean {'.'.join(str(p) for p in loc[:-1] + (close[0],))}?"
+                if close
+                else (f"valid keys here: {', '.join(names)}" if names else "remove it")
+            )
+            lines.append(f"unknown key {where}: {hint}")
+        elif err["type"] == "value_error":
+            lines.append(str(err["msg"]).removeprefix("Value error, "))
+        else:
+            value = err.get("input")
+            lines.append(f"{where}={value!r}: {err['msg']}")
+    return f"invalid recipe {origin}:\n  " + "\n  ".join(lines)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,77 @@
+"""The driver's side of chaos: what `dlc chaos` injected and asked for, and what came of it.
+
+`dlc chaos` (in-process or from another terminal) appends injections to chaos.jsonl and requests
+(slow, join, leave, links) to control.jsonl; the supervisor carries the requests out and records
+each fault's observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dlc.run.files import CHAOS_FILE, CONTROL_FILE, JsonlTail, append_jsonl
+from dlc.run.rundir import RunDir
+
+
+class ChaosLog:
+    """Reads fault injections from chaos.jsonl and control requests from control.jsonl; writes outcomes."""
+
+    def __init__(self, rundir: RunDir) -> None:
+        self.rundir = rundir
+        self.chaos_path = rundir.path / CHAOS_FILE
+        self._chaos = JsonlTail(self.chaos_path)
+        self._control = JsonlTail(rundir.path / CONTROL_FILE)
+        self.injected: dict[tuple[str, int | None], float] = {}
+
+    def requests(self) -> list[dict[str, Any]]:
+        """New injections are copied to events.jsonl; new control requests are returned."""
+        for entry in self._chaos.read() or []:
+            if entry.get("phase") in ("injected", "refused", "dry_run"):
+                self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+                if entry.get("phase") == "injected":
+                    self.injected[(str(entry.get("fault")), entry.get("learner"))] = float(entry.get("t", time.time()))
+        return self._control.read() or []
+
+    def since(self, fault: str, learner: int | None) -> float | None:
+        t = self.injected.get((fault, learner))
+        return None if t is None else round(time.time() - t, 3)
+
+    def outcome(self, fault: str, learner: int | None, phase: str, **extra: Any) -> None:
+        """Record what was observed after a fault (only for faults that chaos injected)."""
+        if (fault, learner) not in self.injected:
+            return
+        entry = {
+            "t": round(time.time(), 3),
+            "fault": fault,
+            "target": f"learner {learner}",
+            "learner": learner,
+            "phase": phase,
+            **extra,
+        }
+        append_jsonl(self.chaos_path, entry)
+        self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+
+
+def start_chaos(plan: Any, rundir: RunDir, message: Callable[[str], None]) -> tuple[Any, threading.Event]:
+    """Run a chaos plan in a thread, acting on this run through its run directory as `dlc chaos` would.
+
+    Returns the controller and the event that stops it.
+    """
+    from chaos import Controller, RunDirTarget
+
+    stop = threading.Event()
+    controller = Controller(
+        plan,
+        RunDirTarget(rundir.path),
+        stop=stop,
+        on_record=lambda e: message(
+            f"chaos: {e.get('phase')} {e.get('fault')} {e.get('target', '')} {e.get('detail', '')}".rstrip()
+        ),
+    )
+    thread = threading.Thread(target=controller.run, name="chaos", daemon=True)
+    thread.start()
+    rundir.event("chaos_started", plan=plan.summary())
+    return controller, stop

@@ -1,0 +1,29 @@
+"""The evaluator actor: evaluates snapshots of the global model off the critical path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import ray
+
+from dlc.config.schema import Recipe
+
+
+class EvaluatorWorker:
+    """Lives in the evaluator actor: evaluates global parameter snapshots off the critical path."""
+
+    def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
+        from dlc.core.evaluate import Evaluator
+        from dlc.core.model import build_model, unflatten_params
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
+        self._unflatten = unflatten_params
+        self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)
+
+    def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
+        return self.evaluator(self._unflatten(flat, self.like))
+
+
+EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)

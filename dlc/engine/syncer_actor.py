@@ -1,0 +1,161 @@
+"""The syncer actor: the algorithm's syncer behind a lock, a ticking thread, checkpoints, a journal.
+
+Pushes are handled in one ordered concurrency group, so pushes from one learner stay in order;
+rounds close from a ticking thread. Every closed round is journaled, so a restarted syncer
+resumes from its last checkpoint plus the journal: the state at the moment of death.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from dlc.config.schema import Recipe
+from dlc.engine.journal import Journal
+from dlc.errors import UserError
+from dlc.run.checkpoint import Checkpointer
+from dlc.run.files import syncer_checkpoint_dir, syncer_journal_path
+
+
+class SyncerWorker:
+    """Lives in the syncer actor: a Syncer behind a lock, a ticking thread, checkpoints."""
+
+    def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
+        from dlc.algo.registry import get_algorithm
+        from dlc.core.model import build_model, flatten_params
+
+        self.recipe = Recipe.model_validate(recipe_json)
+        _, params = build_model(self.recipe.model, self.recipe.run.seed)
+        self.shapes = flatten_params(params)
+        self.learners: dict[int, Any] = {}
+        from dlc.net.transport import Transport
+
+        learners = self.recipe.learners
+        self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed + 1)  # downlinks
+        self.algorithm = get_algorithm(self.recipe.algorithm)
+        self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
+        self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
+        self.journal = Journal(syncer_journal_path(Path(run_dir)))
+        self.syncer.journal = self.journal.write
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_save = time.monotonic()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
+
+    def _deliver(self, learner: int, message: Any) -> int:
+        handle = self.learners.get(learner)
+        return self.transport.send(handle.deliver, message, link=learner) if handle is not None else 0
+
+    def impair_link(self, index: int, factor: float | None, seconds: float) -> None:
+        """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
+        self.transport.impair(index, factor, seconds)
+
+    def restore(self) -> dict[str, Any] | None:
+        """The last checkpoint, then every journaled round after it: the state at the moment of death."""
+        restored = None
+        if self.checkpointer.latest_step() is not None:
+            tree, meta = self.checkpointer.restore(self.syncer.state()[0])
+            if meta.get("plan") != self.syncer.fingerprint():
+                raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
+            self.syncer.load(tree, meta)
+            restored = {"checkpoint_rounds": meta["rounds_closed"]}
+        replayed = 0
+        for record in self.journal.records():
+            replayed += self.syncer.replay(record)
+        if restored is None and replayed == 0:
+            return None
+        return {
+            **(restored or {}),
+            "journal_rounds": replayed,
+            "versions": self.syncer.versions(),
+            "rounds_closed": self.syncer.rounds_closed,
+        }
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def register(self, index: int, handle: Any) -> None:
+        with self.lock:
+            self.learners[index] = handle
+            self.syncer.join(index)
+
+    def rejoin(self, index: int, handle: Any) -> None:
+        """A restarted learner: a new incarnation of `index` whose seqs start again."""
+        with self.lock:
+            self.learners[index] = handle
+            self.syncer.rejoin(index)
+
+    def leave(self, index: int) -> None:
+        with self.lock:
+            self.learners.pop(index, None)
+            self.syncer.leave(index)
+
+    @ray.method(concurrency_group="pushes")  # one thread: pushes from a learner stay in order
+    def push(self, push: Any) -> None:
+        with self.lock:
+            self.syncer.push(push)
+            self.syncer.tick()
+
+    @ray.method(concurrency_group="pushes")
+    def barrier(self) -> None:
+        """Returns after every push sent before it by the same caller has been handled."""
+
+    def heartbeat(self, index: int) -> None:
+        with self.lock:
+            self.syncer.heartbeat(index)
+
+    def _tick_loop(self) -> None:
+        try:
+            while not self._stop.wait(0.005):
+                with self.lock:
+                    self.syncer.tick()
+                if time.monotonic() - self._last_save >= self.recipe.syncer.checkpoint_interval_s:
+                    self.save()
+        except Exception:
+            self.error = traceback.format_exc()
+
+    def save(self) -> None:
+        with self.lock:
+            tree, meta = self.syncer.state()
+            tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
+            step = self.syncer.rounds_closed
+            # Rounds after this state go to a fresh journal; the old one stays until the
+            # checkpoint is complete, so a death mid-save still replays from the previous one.
+            self.journal.rotate()
+        self.checkpointer.save(step, tree, meta)
+        self.journal.drop_previous()
+        self._last_save = time.monotonic()
+
+    def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
+        with self.lock:
+            return [t.copy() for t in self.syncer.theta], self.syncer.versions()
+
+    def global_params(self) -> dict[str, np.ndarray]:
+        with self.lock:
+            return self.syncer.global_params(self.shapes)
+
+    def poll(self) -> dict[str, Any]:
+        with self.lock:
+            status = {**self.syncer.status(), "pid": os.getpid()}
+            return {"status": status, "events": self.syncer.drain_events(), "error": self.error}
+
+    def finish(self) -> dict[str, Any]:
+        """End of run: close every round holding a push, stop ticking, checkpoint."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self.lock:
+            self.syncer.flush()
+        self.save()
+        return self.poll()
+
+
+SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dlc.algo.decoupled.messages import Push
-from dlc.algo.decoupled.syncer import Syncer
+from dlc.algo.decoupled.syncer import DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
@@ -33,7 +33,9 @@ def make(quorum=1, learners=2, **syncer):
     initial = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)}
     delivered = []
     clock = FakeClock()
-    syncer_ = Syncer(recipe, plan, initial, lambda m, msg: delivered.append((m, msg)) or msg.payload.nbytes, clock)
+    syncer_ = DecoupledSyncer(
+        recipe, plan, initial, lambda m, msg: delivered.append((m, msg)) or msg.payload.nbytes, clock
+    )
     for m in range(learners):
         syncer_.join(m)
     return syncer_, plan, delivered, clock

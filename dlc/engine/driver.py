@@ -85,7 +85,7 @@ class Driver:
         self._eval_ref: Any = None
         self._eval_step = 0.0
         self._next_eval = recipe.eval.every_steps
-        from dlc.algo.registry import get_algorithm
+        from dlc.algo import get_algorithm
 
         self.has_global_model = get_algorithm(recipe.algorithm).global_model
         if resume:

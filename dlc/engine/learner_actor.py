@@ -37,7 +37,7 @@ class LearnerWorker:
         syncer: Any,
         incarnation: int = 0,
     ) -> None:
-        from dlc.algo.registry import get_algorithm
+        from dlc.algo import get_algorithm
         from dlc.core.learner import Learner
         from dlc.net.transport import Transport
 

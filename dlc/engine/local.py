@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dlc.algo.registry import get_algorithm
+from dlc.algo import get_algorithm
 from dlc.config.schema import Recipe
 from dlc.core.data import Split
 from dlc.core.evaluate import Evaluator

@@ -25,10 +25,10 @@ from dlc.run.files import syncer_checkpoint_dir, syncer_journal_path
 
 
 class SyncerWorker:
-    """Lives in the syncer actor: a Syncer behind a lock, a ticking thread, checkpoints."""
+    """Lives in the syncer actor: the algorithm's syncer behind a lock, a ticking thread, checkpoints."""
 
     def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
-        from dlc.algo.registry import get_algorithm
+        from dlc.algo import get_algorithm
         from dlc.core.model import build_model, flatten_params
 
         self.recipe = Recipe.model_validate(recipe_json)
@@ -136,7 +136,7 @@ class SyncerWorker:
 
     def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
         with self.lock:
-            return [t.copy() for t in self.syncer.theta], self.syncer.versions()
+            return self.syncer.global_fragments(), self.syncer.versions()
 
     def global_params(self) -> dict[str, np.ndarray]:
         with self.lock:

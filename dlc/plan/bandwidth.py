@@ -250,25 +250,21 @@ def recipe_traffic(recipe: Any) -> dict[str, float]:
     sends the whole model every H steps, dp its gradient every step (and gets the model back);
     none sends nothing.
     """
+    from dlc.algo import get_algorithm
     from dlc.core.codec import get_codec
     from dlc.core.fragments import FragmentPlan, shapes_of
     from dlc.core.model import build_model, flatten_params
 
-    sync = recipe.syncer
+    traffic = get_algorithm(recipe.algorithm).traffic(recipe)
     shapes = shapes_of(flatten_params(build_model(recipe.model, recipe.run.seed)[1]))
-    fragments, interval, codec = {
-        "decoupled": (sync.fragments, sync.sync_interval_steps, sync.codec),
-        "diloco": (1, sync.sync_interval_steps, sync.codec),
-        "dp": (1, 1, recipe.blocking.dp_codec),
-    }.get(recipe.algorithm, (1, 1, "none"))
-    plan = FragmentPlan.build(shapes, fragments)
-    up = get_codec(codec, sync.codec_block_values)
-    down = get_codec(recipe.blocking.dp_codec if recipe.algorithm == "dp" else sync.down_codec)
+    plan = FragmentPlan.build(shapes, traffic.fragments)
+    up = get_codec(traffic.up_codec, recipe.syncer.codec_block_values)
+    down = get_codec(traffic.down_codec)
     sizes = [plan.size(p) for p in range(plan.num_fragments)]
     params = plan.total_size
-    sends = 0.0 if recipe.algorithm == "none" else 1.0
-    up_bytes = sends * sum(up.encoded_nbytes(n) for n in sizes) / interval
-    down_bytes = sends * sum(down.encoded_nbytes(n) for n in sizes) / interval
+    sends = 1.0 if traffic.sends else 0.0
+    up_bytes = sends * sum(up.encoded_nbytes(n) for n in sizes) / traffic.interval_steps
+    down_bytes = sends * sum(down.encoded_nbytes(n) for n in sizes) / traffic.interval_steps
     return {
         "params": params,
         "up_bytes_per_step": up_bytes,

@@ -12,7 +12,7 @@ Membership is elastic, as in torchft-style elastic data-parallel training:
 - a learner that joins, returns or thaws is admitted when the current version closes: the job
   pauses again, and then the new version goes to everyone, the newcomer included;
 - a change during a pause is folded into that pause, as `dlc simulate` models it.
-Not thread-safe and free of Ray, like `dlc.algo.decoupled.syncer.Syncer`; tests drive it with a fake clock.
+Not thread-safe and free of Ray, like `dlc.algo.decoupled.syncer.DecoupledSyncer`; tests drive it with a fake clock.
 """
 
 from __future__ import annotations
@@ -296,6 +296,9 @@ class BarrierSyncer:
 
     def versions(self) -> list[int]:
         return [self.version]
+
+    def global_fragments(self) -> list[np.ndarray]:
+        return [t.copy() for t in self.theta]
 
     def fingerprint(self) -> str:
         return self.plan.fingerprint()

@@ -40,7 +40,7 @@ def counter_status(syncer: Any, now: float) -> dict[str, Any]:
     }
 
 
-class Syncer:
+class DecoupledSyncer:
     def __init__(
         self,
         recipe: Recipe,
@@ -243,6 +243,9 @@ class Syncer:
 
     def versions(self) -> list[int]:
         return list(self.book.versions)
+
+    def global_fragments(self) -> list[np.ndarray]:
+        return [t.copy() for t in self.theta]
 
     def fingerprint(self) -> str:
         return self.plan.fingerprint()

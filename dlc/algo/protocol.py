@@ -1,0 +1,77 @@
+"""What the engine may ask of an algorithm: the learner's side, the syncer's side, its traffic.
+
+The engine's loops (learner actor, syncer actor, driver, supervisor) only use these; each
+algorithm's package implements them. Kept apart from the implementations so a reader sees the
+seam in one page.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class LearnerSync(Protocol):
+    """A learner's side of synchronisation; `step` is one step of its loop (train, then send or
+    receive what is due)."""
+
+    pushes: int
+    adopted: int
+    waiting_s: float  # time the loop spent blocked on the network or on other learners
+    idle: Callable[[], None] | None  # called now and then while blocked
+
+    def step(self, stop: threading.Event) -> list[dict[str, Any]]: ...
+    def receive(self, message: Any) -> None: ...
+    def push_outstanding(self) -> int: ...
+    def unpushed_steps(self) -> float: ...
+    def reconnect(self, push: Any) -> int: ...
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None: ...
+    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+    def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+    def adopt_global(self, fragments: list[np.ndarray], versions: list[int]) -> None: ...
+    def peer_view(self) -> tuple[list[np.ndarray], list[int]]: ...
+
+
+class Syncer(Protocol):
+    """The syncer's side: takes learners' messages, merges them, sends the global state back.
+
+    Not thread-safe: the syncer actor calls it under one lock. `deliver(learner, message)` and the
+    clock are given at construction; `journal`, when set, receives a record per state change that
+    `replay` can re-apply after a restart from the last checkpoint.
+    """
+
+    rounds_closed: int
+    journal: Callable[[dict[str, Any]], None] | None
+
+    def join(self, learner: int) -> None: ...
+    def rejoin(self, learner: int) -> None: ...  # a new incarnation of `learner`
+    def leave(self, learner: int) -> None: ...
+    def heartbeat(self, learner: int) -> None: ...
+    def push(self, message: Any) -> None: ...
+    def tick(self) -> int: ...  # close what may close now; returns how many closed
+    def flush(self) -> int: ...  # end of run: close everything holding a message
+    def replay(self, record: dict[str, Any]) -> bool: ...
+    def versions(self) -> list[int]: ...
+    def global_fragments(self) -> list[np.ndarray]: ...  # copies
+    def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def fingerprint(self) -> str: ...
+    def status(self) -> dict[str, Any]: ...
+    def drain_events(self) -> list[dict[str, Any]]: ...
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What an algorithm sends, decided once from the recipe: the engine and `dlc bandwidth` both ask."""
+
+    fragments: int  # messages the model is cut into
+    interval_steps: int  # inner steps between two sends of the same fragment
+    up_codec: str  # learner -> syncer
+    down_codec: str  # syncer -> learner
+    sends: bool = True  # False: the learners never send anything

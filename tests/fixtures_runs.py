@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dlc.config.schema import dump_recipe, load_recipe
+from tests.helpers import TINY
 
-TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 T0 = 1_800_000_000.0  # run start, unix seconds
 ELAPSED_S = 100.0
 BYTES_UP = 3_512_320

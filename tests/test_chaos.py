@@ -39,8 +39,8 @@ from chaos.target import (
 )
 from dlc.cli.chaos import chaos_command, latest_run
 from dlc.errors import UserError
+from tests.helpers import REPO, FakeClock
 
-REPO = Path(__file__).resolve().parents[1]
 K, ST, SL, J, L, KS, DL, CL = (
     FaultKind.KILL,
     FaultKind.STALL,
@@ -57,14 +57,8 @@ K, ST, SL, J, L, KS, DL, CL = (
 # Fakes
 
 
-class FakeClock:
-    """Time that moves only when the controller sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+class SleepingClock(FakeClock):
+    """A FakeClock with `sleep`: time moves only when the controller sleeps."""
 
     def sleep(self, seconds: float) -> None:
         assert seconds > 0, "the controller must never spin without sleeping"
@@ -75,7 +69,7 @@ class FakeClock:
 class FakeTarget:
     """A run of learners whose states follow a script of (at_s, learner, state); records every call."""
 
-    def __init__(self, clock: FakeClock, learners: int = 4, quorum: int = 1) -> None:
+    def __init__(self, clock: SleepingClock, learners: int = 4, quorum: int = 1) -> None:
         self.clock = clock
         self.states = {i: "training" for i in range(learners)}
         self.script: list[tuple[float, int, str]] = []
@@ -134,7 +128,7 @@ def _plan(**fields: Any) -> Plan:
     return plan_from_dict({**base, **fields})
 
 
-def _run(plan: Plan, target: FakeTarget, clock: FakeClock) -> Controller:
+def _run(plan: Plan, target: FakeTarget, clock: SleepingClock) -> Controller:
     controller = Controller(plan, target, clock=clock, sleep=clock.sleep, poll_s=0.5)
     controller.run()
     return controller
@@ -271,7 +265,7 @@ def test_link_faults_in_a_plan_file_take_the_plans_defaults(tmp_path: Path):
 
 
 def test_quorum_guardrail_refuses_a_fault_that_would_break_quorum():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, learners=4, quorum=3)
     timeline = [
         {"at_s": 1, "fault": "kill", "learner": 0},  # 4 healthy -> 3: allowed
@@ -287,14 +281,14 @@ def test_quorum_guardrail_refuses_a_fault_that_would_break_quorum():
     refused = [r for r in target.records if r["phase"] == "refused"]
     assert all("would leave 2 healthy learner(s), below quorum 3" in r["detail"] for r in refused)
 
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, learners=4, quorum=3)
     controller = _run(_plan(timeline=timeline, duration_s=10, allow_below_quorum=True), target, clock)
     assert controller.report.fired == Counter({K: 2, ST: 1, SL: 1}) and not controller.report.refused
 
 
 def test_quorum_counts_learners_the_run_reports_down():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, learners=3, quorum=2)
     target.states[1] = "restarting"
     controller = _run(_plan(timeline=[{"at_s": 1, "fault": "kill", "learner": 0}], duration_s=5), target, clock)
@@ -302,7 +296,7 @@ def test_quorum_counts_learners_the_run_reports_down():
 
 
 def test_warmup_refuses_early_timeline_faults_and_poisson_waits_it_out():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     plan = _plan(warmup_s=10, duration_s=20, timeline=[{"at_s": 5, "fault": "kill", "learner": 0},
                                                         {"at_s": 12, "fault": "kill", "learner": 1}])  # fmt: skip
@@ -315,7 +309,7 @@ def test_warmup_refuses_early_timeline_faults_and_poisson_waits_it_out():
 
 
 def test_min_gap_counts_from_the_last_fired_fault():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     timeline = [
         {"at_s": 1, "fault": "kill", "learner": 0},
@@ -329,7 +323,7 @@ def test_min_gap_counts_from_the_last_fired_fault():
 
 
 def test_max_concurrent_counts_a_stall_for_its_duration():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     timeline = [
         {"at_s": 1, "fault": "stall", "learner": 0, "duration_s": 10},
@@ -343,7 +337,7 @@ def test_max_concurrent_counts_a_stall_for_its_duration():
 
 
 def test_a_kill_is_in_flight_until_its_learner_trains_again():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     # Killed at 1; the run notices at 3 and has it back at 8.
     target.script = [(3, 0, "dead"), (4, 0, "restarting"), (8, 0, "training")]
@@ -358,7 +352,7 @@ def test_a_kill_is_in_flight_until_its_learner_trains_again():
     assert controller.report.fired == Counter({K: 2}) and controller.report.refused == Counter({K: 2})
 
     # A learner that never shows as down releases the slot after in_flight_max_s.
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     timeline = [{"at_s": 1, "fault": "kill", "learner": 0}, {"at_s": 15, "fault": "kill", "learner": 1},
                 {"at_s": 22, "fault": "kill", "learner": 2}]  # fmt: skip
@@ -367,7 +361,7 @@ def test_a_kill_is_in_flight_until_its_learner_trains_again():
 
 
 def test_faults_on_missing_busy_or_unhealthy_learners_are_refused():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     target.states[2] = "stalled"
     timeline = [
@@ -385,7 +379,7 @@ def test_faults_on_missing_busy_or_unhealthy_learners_are_refused():
 
 
 def test_every_kind_reaches_the_target_and_failures_are_recorded():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     timeline = [
         {"at_s": 1, "fault": "join", "duration_s": 15},
@@ -416,7 +410,7 @@ def test_every_kind_reaches_the_target_and_failures_are_recorded():
 
 
 def test_link_faults_reach_the_target_and_leave_the_quorum_alone():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, learners=4, quorum=4)  # taking any learner out would break quorum
     timeline = [
         {"at_s": 1, "fault": "degrade_link", "learner": 0, "duration_s": 5},  # in flight until 6
@@ -446,7 +440,7 @@ def test_link_faults_reach_the_target_and_leave_the_quorum_alone():
 
 
 def test_fired_counts_match_the_schedule():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, learners=4, quorum=0)
     plan = _plan(kill_per_learner_per_min=2, slow_per_learner_per_min=1, slow_for_s=0.01, in_flight_max_s=0.01,
                  duration_s=120, seed=3)  # fmt: skip
@@ -457,7 +451,7 @@ def test_fired_counts_match_the_schedule():
 
 
 def test_dry_run_records_and_touches_nothing():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, quorum=3)
     timeline = [{"at_s": 1, "fault": "kill", "learner": 0}, {"at_s": 2, "fault": "stall", "learner": 1},
                 {"at_s": 3, "fault": "join"}, {"at_s": 4, "fault": "kill_syncer"}]  # fmt: skip
@@ -471,14 +465,14 @@ def test_dry_run_records_and_touches_nothing():
 
 
 def test_stops_when_the_run_finishes_or_the_duration_ends():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     target.running_until = 5
     controller = _run(_plan(timeline=[{"at_s": 8, "fault": "kill", "learner": 0}]), target, clock)
     assert target.calls == [] and controller.report.stopped_because == "the run is not running"
     assert clock.now < 6
 
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, quorum=0)
     controller = _run(_plan(kill_per_learner_per_min=6, in_flight_max_s=0.1, duration_s=30, seed=1), target, clock)
     # 6/min x 4 learners x 0.5 min = 12 expected: the last one fires before 30 s and nothing follows it.
@@ -488,7 +482,7 @@ def test_stops_when_the_run_finishes_or_the_duration_ends():
 
 
 def test_waits_for_learners_before_the_clock_starts():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock, learners=2)
     target.states = {0: "starting", 1: "training"}
     target.script = [(40, 0, "training")]
@@ -497,7 +491,7 @@ def test_waits_for_learners_before_the_clock_starts():
 
 
 def test_stop_event_ends_a_controller_running_in_a_thread():
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     target.clock = _RealClock()  # type: ignore[assignment]
     stop = threading.Event()
@@ -598,12 +592,12 @@ def test_shipped_plans_load_and_fit_the_tiny_recipe():
     assert {e.fault for e in thin.timeline} == {DL, CL} and thin.degrade_link_factor == 10
     assert thin.degrade_link_per_learner_per_min > 0 and thin.cut_link_per_learner_per_min > 0
     # Its scripted degradation and cut both fire (seed 0), within its guardrails.
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     _run(thin, target, clock)
     assert ("degrade_link", 1, 10.0, 60.0) in target.calls and ("cut_link", 3, 10.0) in target.calls
     # Firing the heterogeneous plan applies every slow-down at once, within its guardrails.
-    clock = FakeClock()
+    clock = SleepingClock()
     target = FakeTarget(clock)
     controller = _run(plans["heterogeneous"], target, clock)
     assert controller.report.fired == Counter({SL: len(hetero)}) and not controller.report.refused
@@ -797,7 +791,7 @@ def test_read_control_leaves_a_half_written_line_for_later(tmp_path: Path):
 def test_dry_run_against_a_run_directory_touches_nothing(tmp_path: Path, spawn):
     victim = spawn(["sleep", "30"])
     _write_status(tmp_path, {0: victim.pid, 1: 4242, 2: 4243})
-    clock = FakeClock()
+    clock = SleepingClock()
     plan = _plan(dry_run=True, duration_s=10, timeline=[{"at_s": 1, "fault": "stall", "learner": 0},
                                                         {"at_s": 2, "fault": "slow", "learner": 1}])  # fmt: skip
     report = Controller(plan, RunDirTarget(tmp_path), clock=clock, sleep=clock.sleep).run()
@@ -809,7 +803,7 @@ def test_dry_run_against_a_run_directory_touches_nothing(tmp_path: Path, spawn):
 
 def test_dry_run_lists_link_faults_and_requests_nothing(tmp_path: Path):
     _write_status(tmp_path, {0: 4242, 1: 4243})
-    clock = FakeClock()
+    clock = SleepingClock()
     plan = _plan(dry_run=True, duration_s=10, timeline=[{"at_s": 1, "fault": "degrade_link", "learner": 0},
                                                         {"at_s": 2, "fault": "cut_link", "learner": 1,
                                                          "duration_s": 3}])  # fmt: skip

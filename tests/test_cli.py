@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, TINY, run_cli
+from tests.helpers import REPO, TINY, assert_user_error, run_cli
 
 
 def test_help_does_not_import_jax_or_ray():
@@ -15,13 +15,6 @@ def test_help_does_not_import_jax_or_ray():
     for args in (["--help"], ["train", "--help"]):
         result = run_cli(*args)
         assert result.returncode == 0 and "Usage" in result.stdout
-
-
-def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    for fragment in fragments:
-        assert fragment in result.stderr
 
 
 @pytest.mark.parametrize(

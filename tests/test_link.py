@@ -5,9 +5,9 @@ import pytest
 
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
-from dlc.engine.local import FakeClock
 from dlc.net.link import DelayLine, Link, LinkSpec
 from dlc.net.transport import MergedFragment, Transport
+from tests.helpers import FakeClock
 
 MB = 1_000_000
 

@@ -12,7 +12,7 @@ import pytest
 from dlc.observe.report import RunData, learner_steps_at, load_run, merged_share, write_report
 from dlc.observe.tensorboard import TensorBoardWriter, crc32c, masked_crc32c
 from tests.fixtures_runs import T0, chaos_entries, learner_row, make_run, status, summary
-from tests.test_status import invoke
+from tests.helpers import invoke
 
 
 def png_size(path: Path) -> tuple[int, int]:

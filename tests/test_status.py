@@ -16,9 +16,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from dlc.cli.app import app
 from dlc.errors import UserError
 from dlc.observe.dashboard import render, sparkline
 from dlc.observe.reader import JsonlTail, RunReader, count_params, resolve_run
@@ -33,8 +31,8 @@ from tests.fixtures_runs import (
     status,
     summary,
 )
+from tests.helpers import REPO, cells, invoke, kill_tree, row, start_train, wait_for_step
 
-REPO = Path(__file__).resolve().parents[1]
 NOW = T0 + ELAPSED_S + 0.5  # half a second after the fixture's last status.json
 
 
@@ -43,21 +41,6 @@ def frame(path: Path, now: float = NOW, interactive: bool = False) -> str:
     console = Console(record=True, width=120, file=io.StringIO())
     console.print(render(snap, interactive))
     return console.export_text()
-
-
-def row(text: str, learner: int) -> list[str]:
-    """The learner table's row for `learner`, split into cells."""
-    return next(line.split() for line in text.splitlines() if line.split()[:1] == [str(learner)])
-
-
-def cells(text: str, learner: int) -> dict[str, str]:
-    """The learner table's row for `learner` by column name."""
-    header = next(line for line in text.splitlines() if line.split()[:2] == ["id", "state"])
-    return dict(zip(header.replace("last push", "last_push").split(), row(text, learner), strict=True))
-
-
-def invoke(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
 
 
 # -- frames of fixture runs ---------------------------------------------------------------------
@@ -336,8 +319,6 @@ def _wait_screen(session: str, ok: Any, timeout_s: float, what: str) -> str:
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
-    from tests.test_train_e2e import kill_tree, start_train, wait_for_step
-
     run_dir = tmp_path / "live"
     session = f"dlcstatus{os.getpid()}"
     proc = start_train(str(TINY), f"run.dir={run_dir}", "run.max_steps=2000", "checkpoint.every_steps=1000")

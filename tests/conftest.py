@@ -6,7 +6,10 @@ Plain helpers and constants live in tests/helpers.py.
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,3 +32,22 @@ def calm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = run_cli("train", str(TINY), f"run.dir={run_dir}", STEPS, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., subprocess.Popen[Any]]]:
+    """Start processes that are killed and reaped at teardown, whatever the test did."""
+    procs: list[subprocess.Popen[Any]] = []
+
+    def start(args: list[str], **kw: Any) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(args, **kw)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()  # SIGKILL ends a stopped process too
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from chaos.controller import Controller
 from chaos.faults import FaultKind
@@ -47,16 +48,25 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subpro
 
 
 def invoke(*args: str) -> Any:
-    """Run `dlc ARGS` in this process with typer's CliRunner (stdout and stderr kept apart)."""
+    """Run `dlc ARGS` in this process with typer's CliRunner; `.stdout` and `.stderr` are kept apart.
+
+    os.environ is restored afterwards (`dlc train` sets XLA_FLAGS before it fails on bad input).
+    """
     from typer.testing import CliRunner
 
     from dlc.cli.app import app
 
-    return CliRunner().invoke(app, list(args))
+    with mock.patch.dict(os.environ):
+        return CliRunner().invoke(app, list(args))
 
 
-def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
+def assert_user_error(result: Any, *fragments: str) -> None:
+    """Exit code 2, no traceback anywhere in the output, and every fragment on stderr.
+
+    `result` is run_cli's CompletedProcess or invoke's click Result: both have .stdout and .stderr.
+    """
+    code = result.returncode if isinstance(result, subprocess.CompletedProcess) else result.exit_code
+    assert code == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     for fragment in fragments:
         assert fragment in result.stderr

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from dlc.config.load import dump_recipe, load_recipe
+from tests.helpers import TINY
 
-TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 T0 = 1_800_000_000.0  # run start, unix seconds
 ELAPSED_S = 100.0
 BYTES_UP = 3_512_320
 BYTES_DOWN = 10 * 2**20
+NOW = T0 + ELAPSED_S + 0.5  # half a second after the fixture's last status.json
 
 
 def dead_pid() -> int:
@@ -163,3 +164,9 @@ def chaos_entries() -> list[dict[str, Any]]:
         {"t": T0 + 45, "fault": "kill", "target": "learner 1", "learner": 1, "phase": "restarted", "after_s": 5.0},
         {"t": T0 + 60, "fault": "stall", "target": "learner 3", "learner": 3, "phase": "injected", "detail": "SIGSTOP"},
     ]
+
+
+def finished_run(path: Path, **summary_fields: object) -> Path:
+    """A completed run of tiny with a summary and chaos.jsonl (`summary_fields` override the summary's)."""
+    st = status("completed", learners=[learner_row(i, state="completed") for i in range(4)])
+    return make_run(path, st, summary=summary(**summary_fields), chaos=chaos_entries())

@@ -12,8 +12,7 @@ import pytest
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.model import build_model, count_params
-from tests.conftest import TINY, run_cli
-from tests.test_train_e2e import read_jsonl
+from tests.helpers import TINY, read_jsonl, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

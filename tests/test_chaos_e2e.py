@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import STEPS, TINY, run_cli
-from tests.test_train_e2e import read_jsonl
+from tests.helpers import STEPS, TINY, read_jsonl, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -13,8 +13,7 @@ from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan, shapes_of
 from dlc.core.model import build_model, flatten_params
-from tests.conftest import TINY
-from tests.test_train_e2e import read_jsonl
+from tests.helpers import TINY, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

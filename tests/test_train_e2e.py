@@ -1,25 +1,14 @@
 """End to end on the real CLI: tiny trains, a run directory resumes, damage is reported."""
 
-import contextlib
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY, run_cli
-from tests.test_cli import assert_user_error
+from tests.helpers import TINY, assert_user_error, kill_tree, read_jsonl, run_cli, start_train, wait_for_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_tiny_trains_and_loss_falls(tmp_path):
@@ -42,39 +31,6 @@ def test_tiny_trains_and_loss_falls(tmp_path):
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 400 and evals[-1]["final"]
     assert any(200 <= m["step"] < 400 for m in evals[1:-1])  # the periodic eval at step 200
     assert (run_dir / "recipe.yaml").is_file() and json.loads((run_dir / "status.json").read_text())["step"] == 400
-
-
-def start_train(*args: str) -> subprocess.Popen[str]:
-    """`dlc train ARGS` in its own session, so `kill_tree` can take Ray's processes with it."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "dlc.cli", "train", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        start_new_session=True,
-    )
-
-
-def kill_tree(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the driver's whole process group (Ray's helpers included), if anything is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-
-
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            if json.loads((run_dir / "status.json").read_text())["step"] >= step:
-                return
-        except (FileNotFoundError, json.JSONDecodeError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"run did not reach step {step}")
 
 
 def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):

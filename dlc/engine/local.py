@@ -32,14 +32,6 @@ class Direct:
         return self.fn(*args)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class InProcessRun:
     """M learners and one syncer; `step_all` advances every learner by one inner step."""
 
@@ -48,14 +40,14 @@ class InProcessRun:
             raise ValueError(f"the in-process twin steps learners in turn; algorithm {recipe.algorithm} blocks")
         algorithm = get_algorithm(recipe.algorithm)
         self.recipe = recipe
-        self.clock = FakeClock()
+        self.now = 0.0  # the twin's clock: step_all advances it by step_time_s
         self.step_time_s = step_time_s
         self.learners = [Learner(recipe, i, split.streams[i]) for i in range(recipe.learners.count)]
         # Host copies: the learners' own arrays are donated to their next step.
         self.initial = flatten_params(self.learners[0].params)
         self.like = unflatten_params(self.initial, self.learners[0].params)
         self.syncs: list[Any] = []
-        self.syncer = algorithm.syncer(recipe, self.initial, self._deliver, self.clock)
+        self.syncer = algorithm.syncer(recipe, self.initial, self._deliver, lambda: self.now)
         push = Direct(self.syncer.push)
         for learner in self.learners:
             self.syncs.append(algorithm.learner_sync(recipe, learner, Transport(), type("S", (), {"push": push})))
@@ -72,7 +64,7 @@ class InProcessRun:
             learner.take_records()  # the twin keeps no per-step log
             sync.after_step()
             self.syncer.heartbeat(learner.index)
-        self.clock.now += self.step_time_s
+        self.now += self.step_time_s
         self.syncer.tick()
 
     def finish(self) -> None:

@@ -1,5 +1,5 @@
-"""dlc status: frames of fixture run directories on a recording console, the reader's tolerance
-of half-written files, the command's errors, and (slow) the live view of a real run in tmux."""
+"""The `dlc status` dashboard: frames of fixture run directories on a recording console, and (slow)
+the live view of a real run in tmux."""
 
 from __future__ import annotations
 
@@ -16,27 +16,11 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
-from dlc.cli.app import app
-from dlc.errors import UserError
 from dlc.observe.dashboard import render, sparkline
-from dlc.observe.reader import RunReader, count_params
-from dlc.run.files import JsonlTail, resolve_run
-from tests.fixtures_runs import (
-    ELAPSED_S,
-    T0,
-    TINY,
-    chaos_entries,
-    dead_pid,
-    learner_row,
-    make_run,
-    status,
-    summary,
-)
-
-REPO = Path(__file__).resolve().parents[1]
-NOW = T0 + ELAPSED_S + 0.5  # half a second after the fixture's last status.json
+from dlc.observe.reader import RunReader
+from tests.fixtures_runs import NOW, T0, chaos_entries, dead_pid, learner_row, make_run, status, summary
+from tests.helpers import REPO, TINY, cells, kill_tree, row, start_train, wait_for_step
 
 
 def frame(path: Path, now: float = NOW, interactive: bool = False) -> str:
@@ -44,24 +28,6 @@ def frame(path: Path, now: float = NOW, interactive: bool = False) -> str:
     console = Console(record=True, width=120, file=io.StringIO())
     console.print(render(snap, interactive))
     return console.export_text()
-
-
-def row(text: str, learner: int) -> list[str]:
-    """The learner table's row for `learner`, split into cells."""
-    return next(line.split() for line in text.splitlines() if line.split()[:1] == [str(learner)])
-
-
-def cells(text: str, learner: int) -> dict[str, str]:
-    """The learner table's row for `learner` by column name."""
-    header = next(line for line in text.splitlines() if line.split()[:2] == ["id", "state"])
-    return dict(zip(header.replace("last push", "last_push").split(), row(text, learner), strict=True))
-
-
-def invoke(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
-
-
-# -- frames of fixture runs ---------------------------------------------------------------------
 
 
 def test_healthy_run_frame(tmp_path):
@@ -200,116 +166,6 @@ def test_truncated_and_corrupt_files_never_crash(tmp_path):
     assert "! status.json could not be read" in text and "no learner has reported yet" in text
 
 
-def test_corrupt_status_keeps_the_last_good_copy(tmp_path):
-    path = make_run(tmp_path / "r")
-    reader = RunReader(path, clock=lambda: NOW)
-    assert reader.snapshot()["learners"][0]["step"] == 100
-    (path / "status.json").write_text("{")
-    snap = reader.snapshot()
-    assert snap["learners"][0]["step"] == 100
-    assert snap["warnings"] == ["status.json could not be read; showing the last good copy"]
-
-
-def test_jsonl_tail_reads_complete_lines_once(tmp_path):
-    path = tmp_path / "e.jsonl"
-    path.write_text('{"a": 1}\n{"b"')
-    tail = JsonlTail(path)
-    assert tail.read() == [{"a": 1}] and tail.partial
-    with open(path, "a") as f:
-        f.write(": 2}\n[3]\n")
-    assert tail.read() == [{"b": 2}] and not tail.partial and tail.skipped == 1  # [3] is no object
-    assert tail.read() == []
-    path.write_text("{}\n")  # shorter than what was read: a new file
-    assert tail.read() is None
-    assert JsonlTail(tmp_path / "missing.jsonl").read() == []
-
-
-def test_byte_rates_over_live_snapshots(tmp_path):
-    path = make_run(tmp_path / "r")
-    now = [NOW]
-    reader = RunReader(path, clock=lambda: now[0])
-    reader.snapshot()
-    later = status(updated_at=T0 + ELAPSED_S + 10, elapsed_s=ELAPSED_S + 10)
-    later["syncer"]["bytes_up"] += 102_400
-    later["syncer"]["bytes_down"] += 1_024_000
-    (path / "status.json").write_text(json.dumps(later))
-    now[0] += 10
-    sync = reader.snapshot()["syncer"]
-    assert (sync["bytes_up_per_s"], sync["bytes_down_per_s"]) == (10_240.0, 102_400.0)  # over the 10 s
-
-
-def test_resumed_run_ignores_the_previous_summary(tmp_path):
-    path = make_run(tmp_path / "r", summary=summary("interrupted"))
-    os.utime(path / "summary.json", (time.time() - 60, time.time() - 60))
-    assert RunReader(path, clock=lambda: NOW).snapshot()["state"] == "running"
-    os.utime(path / "summary.json")
-    assert RunReader(path, clock=lambda: NOW).snapshot()["state"] == "interrupted"
-
-
-def test_count_params_matches_the_model():
-    import jax
-
-    from dlc.config.schema import ModelConfig
-    from dlc.core.model import build_model
-    from dlc.core.model import count_params as model_count
-
-    # tiny: embeddings 256*64 + 64*64 = 20,480; per block 4*64 (norms) + 4*64^2 (qkv, out)
-    # + 2*4*64^2 + 4*64 + 64 (MLP) = 49,728, four blocks 198,912; final norm 128: 219,520.
-    assert count_params({"width": 64, "num_layers": 4, "mlp_ratio": 4, "context_len": 64}) == 219_520
-    for cfg in (
-        ModelConfig(width=64, num_layers=4, num_heads=4, mlp_ratio=4, context_len=64),
-        ModelConfig(width=32, num_layers=2, num_heads=2, mlp_ratio=3, context_len=16, tie_embeddings=False),
-    ):
-        shapes = jax.eval_shape(lambda cfg=cfg: build_model(cfg, 0)[1])  # shapes only: nothing initialised
-        assert count_params(cfg.model_dump()) == model_count(shapes)
-    assert count_params({"width": 64}) is None
-
-
-# -- finding the run, and the command --------------------------------------------------------------
-
-
-def test_resolve_run_picks_the_latest_and_refuses_non_runs(tmp_path):
-    runs = tmp_path / "runs"
-    for name, age_s in (("old", 100), ("new", 10)):
-        (runs / name).mkdir(parents=True)
-        (runs / name / "recipe.yaml").write_text("run: {}\n")
-        for p in (runs / name / "recipe.yaml", runs / name):
-            os.utime(p, (time.time() - age_s, time.time() - age_s))
-    (runs / "stray").mkdir()
-    assert resolve_run(None, runs) == runs / "new"
-    with pytest.raises(UserError, match="no run directory under"):
-        resolve_run(None, tmp_path / "nowhere")
-    with pytest.raises(UserError, match="does not exist"):
-        resolve_run(tmp_path / "nowhere")
-    with pytest.raises(UserError, match="is not a run directory"):
-        resolve_run(runs / "stray")
-
-
-def test_status_command(tmp_path, monkeypatch):
-    path = make_run(tmp_path / "runs" / "tiny-1", status(updated_at=time.time()))
-    result = invoke("status", str(path), "--once")
-    assert result.exit_code == 0, result.output
-    assert "tiny · decoupled · running" in result.output and row(result.output, 3)[1] == "training"
-    snap = json.loads(invoke("status", str(path), "--json").output)
-    assert snap["dp_equivalent"] == {"params": 219_520, "learner_steps": 400, "bytes_each_way": 351_232_000}
-    assert snap["learners"][2]["rejected"] == 2 and snap["syncer"]["bytes_up"] == 3_512_320
-    monkeypatch.chdir(tmp_path)
-    assert json.loads(invoke("status", "--json").output)["run_dir"] == "runs/tiny-1"
-    for args, message in (
-        (["status", str(tmp_path / "nope")], "does not exist"),
-        (["status", str(tmp_path)], "is not a run directory"),
-    ):
-        result = invoke(*args)
-        assert result.exit_code == 2 and message in result.output, result.output
-
-
-def test_view_modules_do_not_import_jax_ray_or_matplotlib():
-    modules = "dlc.cli.view, dlc.observe.reader, dlc.observe.dashboard, dlc.observe.report, dlc.observe.tensorboard"
-    code = f"import sys, {modules}; print(sorted({{'jax', 'ray', 'flax', 'matplotlib'}} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert out.stdout.strip() == "[]"
-
-
 # -- a real run in a real terminal ---------------------------------------------------------------
 
 
@@ -337,8 +193,6 @@ def _wait_screen(session: str, ok: Any, timeout_s: float, what: str) -> str:
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
-    from tests.test_train_e2e import kill_tree, start_train, wait_for_step
-
     run_dir = tmp_path / "live"
     session = f"dlcstatus{os.getpid()}"
     proc = start_train(str(TINY), f"run.dir={run_dir}", "run.max_steps=2000", "checkpoint.every_steps=1000")

@@ -8,7 +8,7 @@ from dlc.algo.decoupled.syncer import DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
-from dlc.engine.local import FakeClock
+from tests.helpers import FakeClock
 
 SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
 

@@ -6,9 +6,9 @@ import pytest
 from dlc.algo.decoupled.messages import MergedFragment
 from dlc.config.schema import LinkSpec, Recipe
 from dlc.core.codec import get_codec
-from dlc.engine.local import FakeClock
 from dlc.net.link import DelayLine, Link
 from dlc.net.transport import Transport
+from tests.helpers import FakeClock
 
 MB = 1_000_000
 

@@ -8,14 +8,10 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from dlc.cli.app import app
 from dlc.cli.plan import parse_count, simulate_command
 from dlc.plan.simulate import (
     PAPER_CHIPS,
@@ -31,13 +27,9 @@ from dlc.plan.simulate import (
     sweep,
     union_intervals,
 )
+from tests.helpers import REPO, invoke
 
-REPO = Path(__file__).resolve().parents[1]
 YEAR_S = 365.25 * 86400
-
-
-def invoke(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
 
 
 def test_absorbing_pauses_by_hand():

@@ -15,8 +15,8 @@ from dlc.core.codec import Encoded, get_codec
 SIZE = 4
 
 
-class FakeClock:
-    """Seconds that move only when a test says so."""
+class ClockAt:
+    """A fake clock that starts at `now` (10 s unless told), not at 0: seconds move only when a test says so."""
 
     def __init__(self, now: float = 10.0) -> None:
         self.now = now
@@ -42,7 +42,7 @@ def push(
 
 
 def book(
-    clock: FakeClock,
+    clock: ClockAt,
     quorum: int = 1,
     step_time_s: float | None = 1.0,
     max_staleness: int = 4,
@@ -85,7 +85,7 @@ def test_grace_window_arithmetic() -> None:
 
 
 def test_quorum_then_grace_window() -> None:
-    clock = FakeClock(10.0)
+    clock = ClockAt(10.0)
     rounds = book(clock, quorum=2)
     healthy = {0, 1, 2}
     assert rounds.submit(push(0, seq=0)).accepted
@@ -110,7 +110,7 @@ def test_quorum_then_grace_window() -> None:
 
 
 def test_early_close_when_every_healthy_learner_pushed() -> None:
-    clock = FakeClock(10.0)
+    clock = ClockAt(10.0)
     rounds = book(clock, quorum=2)
     healthy = {0, 1, 2}
     rounds.submit(push(0, seq=0))
@@ -124,7 +124,7 @@ def test_early_close_when_every_healthy_learner_pushed() -> None:
 
 
 def test_fewer_healthy_than_quorum() -> None:
-    clock = FakeClock()
+    clock = ClockAt()
     rounds = book(clock, quorum=3)
     rounds.submit(push(0, seq=0))
     # Only learner 0 healthy: quorum min(3, 1) = 1, and everyone healthy has pushed.
@@ -138,7 +138,7 @@ def test_fewer_healthy_than_quorum() -> None:
 
 
 def test_late_push_joins_the_next_round() -> None:
-    clock = FakeClock()
+    clock = ClockAt()
     rounds = book(clock)
     rounds.submit(push(0, seq=0))
     assert rounds.close(0).learners == (0,)
@@ -152,7 +152,7 @@ def test_late_push_joins_the_next_round() -> None:
 
 
 def test_rejection_reasons() -> None:
-    clock = FakeClock()
+    clock = ClockAt()
     rounds = book(clock, max_staleness=1)
     assert rounds.submit(push(0, seq=0)).accepted
     cases = [
@@ -186,7 +186,7 @@ def test_rejection_reasons() -> None:
 
 
 def test_int4_nonfinite_is_caught_after_decoding() -> None:
-    rounds = RoundBook([SIZE], "int4", clock=FakeClock())
+    rounds = RoundBook([SIZE], "int4", clock=ClockAt())
     good = push(0, seq=0, codec="int4").payload
     truncated = Encoded("int4", SIZE, good.payload[:1], good.scales, good.block_size)
     verdict = rounds.submit(Push(0, 0, 0, 4, 400, 0, truncated, 0.0))
@@ -230,7 +230,7 @@ def test_norm_outlier_follows_a_lasting_shift() -> None:
 
 
 def test_norm_outlier_rejection_in_the_book() -> None:
-    rounds = book(FakeClock())
+    rounds = book(ClockAt())
     # Norm of [v] * 4 is 2v over 4 steps: five pushes of norm 2.0 (0.5 per step) fill the warm-up.
     for learner in range(5):
         assert rounds.submit(push(learner, seq=0, value=1.0)).accepted
@@ -243,7 +243,7 @@ def test_norm_outlier_rejection_in_the_book() -> None:
 
 
 def test_second_push_from_the_same_anchor_supersedes() -> None:
-    clock = FakeClock()
+    clock = ClockAt()
     rounds = book(clock, quorum=2)
     rounds.submit(push(0, seq=0, value=1.0))
     # Still base 0: the delta is measured from the same anchor and contains the first.
@@ -258,7 +258,7 @@ def test_second_push_from_the_same_anchor_supersedes() -> None:
 
 
 def test_late_push_from_a_merged_anchor_counts_only_the_new_part() -> None:
-    rounds = book(FakeClock())
+    rounds = book(ClockAt())
     rounds.submit(push(0, seq=0, value=1.0))
     rounds.close(0)
     # Learner 0 has not adopted v=1 yet: its next delta, still from anchor 0, holds
@@ -273,7 +273,7 @@ def test_late_push_from_a_merged_anchor_counts_only_the_new_part() -> None:
 
 
 def test_push_from_a_newer_anchor_waits_for_the_next_round() -> None:
-    rounds = book(FakeClock(), quorum=2)
+    rounds = book(ClockAt(), quorum=2)
     rounds.submit(push(1, seq=0))
     rounds.close(0)  # v_0 = 1
     rounds.submit(push(0, seq=0, value=1.0, base=0))  # late, from anchor 0
@@ -289,7 +289,7 @@ def test_push_from_a_newer_anchor_waits_for_the_next_round() -> None:
 
 
 def test_queued_push_expires_when_too_stale() -> None:
-    rounds = book(FakeClock(), max_staleness=1)
+    rounds = book(ClockAt(), max_staleness=1)
     rounds.submit(push(1, seq=0))
     rounds.close(0)  # v_0 = 1
     rounds.submit(push(0, seq=0, base=1))
@@ -302,7 +302,7 @@ def test_queued_push_expires_when_too_stale() -> None:
 
 
 def test_timings_observed_from_pushes_and_sends() -> None:
-    clock = FakeClock(10.0)
+    clock = ClockAt(10.0)
     rounds = book(clock, step_time_s=None, step_time_from_pushes=True)
     assert rounds.grace.window_s() == 0.0
     rounds.submit(push(0, seq=0, sent_at=100.0))
@@ -320,7 +320,7 @@ def test_timings_observed_from_pushes_and_sends() -> None:
 
 
 def test_forget_learner_starts_a_new_incarnation() -> None:
-    rounds = book(FakeClock())
+    rounds = book(ClockAt())
     rounds.submit(push(0, seq=5, value=1.0))
     assert rounds.last_seq(0) == 5
     assert rounds.submit(push(0, seq=5, fragment=1)).reason == Reject.DUPLICATE
@@ -336,7 +336,7 @@ def test_forget_learner_starts_a_new_incarnation() -> None:
 
 
 def test_close_needs_a_push_and_versions_restore() -> None:
-    rounds = RoundBook([SIZE, SIZE], "none", clock=FakeClock(), versions=[7, 3])
+    rounds = RoundBook([SIZE, SIZE], "none", clock=ClockAt(), versions=[7, 3])
     assert rounds.versions == (7, 3)
     with pytest.raises(ValueError, match="no pushes"):
         rounds.close(1)

@@ -22,7 +22,7 @@ from dlc.plan.bandwidth import (
     dp_sim_gbps,
     plan,
 )
-from tests.test_simulate import invoke
+from tests.helpers import invoke
 
 PAPER = LinkSetup()  # 5B params, bf16, 2 sites, 1 s steps, 90% utilisation, H=100, P=24, tau=2
 

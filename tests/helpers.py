@@ -1,0 +1,245 @@
+"""Plain helpers and constants shared by several test modules: the real CLI in a subprocess and
+in-process, end-to-end run control, a fake clock, the dashboard's learner table, and the chaos
+tests' fakes (a sleeping clock, a target that records calls, plans without guardrails).
+
+Test modules import these from here, never from one another or from conftest. Nothing here may
+import JAX or Ray at import time: conftest imports this module before any test limits XLA's threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from chaos.controller import Controller
+from chaos.faults import FaultKind
+from chaos.plan import Plan, plan_from_dict
+from chaos.target import LearnerInfo, TargetError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "recipes" / "tiny.yaml"
+
+# End-to-end runs of the 4-learner tiny recipe use this many steps per learner.
+STEPS = "run.max_steps=300"
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run `dlc ARGS` in a fresh interpreter, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "dlc.cli", *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def invoke(*args: str) -> Any:
+    """Run `dlc ARGS` in this process with typer's CliRunner; `.stdout` and `.stderr` are kept apart.
+
+    os.environ is restored afterwards (`dlc train` sets XLA_FLAGS before it fails on bad input).
+    """
+    from typer.testing import CliRunner
+
+    from dlc.cli.app import app
+
+    with mock.patch.dict(os.environ):
+        return CliRunner().invoke(app, list(args))
+
+
+def assert_user_error(result: Any, *fragments: str) -> None:
+    """Exit code 2, no traceback anywhere in the output, and every fragment on stderr.
+
+    `result` is run_cli's CompletedProcess or invoke's click Result: both have .stdout and .stderr.
+    """
+    code = result.returncode if isinstance(result, subprocess.CompletedProcess) else result.exit_code
+    assert code == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+# -- end-to-end runs -------------------------------------------------------------------------------
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def start_train(*args: str) -> subprocess.Popen[str]:
+    """`dlc train ARGS` in its own session, so `kill_tree` can take Ray's processes with it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlc.cli", "train", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
+    )
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the driver's whole process group (Ray's helpers included), if anything is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if json.loads((run_dir / "status.json").read_text())["step"] >= step:
+                return
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"run did not reach step {step}")
+
+
+# -- fakes -----------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Seconds that move only when a test sets `now`; starts at 0."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- the dashboard's learner table -----------------------------------------------------------------
+
+
+def row(text: str, learner: int) -> list[str]:
+    """The learner table's row for `learner`, split into cells."""
+    return next(line.split() for line in text.splitlines() if line.split()[:1] == [str(learner)])
+
+
+def cells(text: str, learner: int) -> dict[str, str]:
+    """The learner table's row for `learner` by column name."""
+    header = next(line for line in text.splitlines() if line.split()[:2] == ["id", "state"])
+    return dict(zip(header.replace("last push", "last_push").split(), row(text, learner), strict=True))
+
+
+# -- chaos: fault kinds, a fake target, plans without guardrails, a run directory's status ------------
+
+K, ST, SL, J, L, KS, DL, CL = (
+    FaultKind.KILL,
+    FaultKind.STALL,
+    FaultKind.SLOW,
+    FaultKind.JOIN,
+    FaultKind.LEAVE,
+    FaultKind.KILL_SYNCER,
+    FaultKind.DEGRADE_LINK,
+    FaultKind.CUT_LINK,
+)
+
+
+class SleepingClock(FakeClock):
+    """A FakeClock with `sleep`: time moves only when the controller sleeps."""
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds > 0, "the controller must never spin without sleeping"
+        self.now += seconds
+        assert self.now < 10_000, "the controller did not stop"
+
+
+class FakeTarget:
+    """A run of learners whose states follow a script of (at_s, learner, state); records every call."""
+
+    def __init__(self, clock: SleepingClock, learners: int = 4, quorum: int = 1) -> None:
+        self.clock = clock
+        self.states = {i: "training" for i in range(learners)}
+        self.script: list[tuple[float, int, str]] = []
+        self.quorum_value = quorum
+        self.running_until = math.inf
+        self.calls: list[tuple[Any, ...]] = []
+        self.records: list[dict[str, Any]] = []
+        self.fail_kill = False
+
+    def learners(self) -> list[LearnerInfo]:
+        for at, learner, state in self.script:
+            if at <= self.clock.now:
+                self.states[learner] = state
+        self.script = [s for s in self.script if s[0] > self.clock.now]
+        return [LearnerInfo(i, 1000 + i, s) for i, s in sorted(self.states.items())]
+
+    def quorum(self) -> int:
+        return self.quorum_value
+
+    def running(self) -> bool:
+        return self.clock.now < self.running_until
+
+    def kill(self, learner: int) -> None:
+        if self.fail_kill:
+            raise TargetError(f"process {1000 + learner} is gone")
+        self.calls.append(("kill", learner))
+
+    def stall(self, learner: int, seconds: float) -> None:
+        self.calls.append(("stall", learner, seconds))
+
+    def slow(self, learner: int, factor: float, seconds: float | None) -> None:
+        self.calls.append(("slow", learner, factor, seconds))
+
+    def join(self, seconds: float | None = None) -> None:
+        self.calls.append(("join", seconds))
+
+    def leave(self, learner: int) -> None:
+        self.calls.append(("leave", learner))
+
+    def kill_syncer(self) -> None:
+        self.calls.append(("kill_syncer",))
+
+    def degrade_link(self, learner: int, factor: float, seconds: float) -> None:
+        self.calls.append(("degrade_link", learner, factor, seconds))
+
+    def cut_link(self, learner: int, seconds: float) -> None:
+        self.calls.append(("cut_link", learner, seconds))
+
+    def record(self, entry: dict[str, Any]) -> None:
+        self.records.append(entry)
+
+
+def bare_plan(**fields: Any) -> Plan:
+    """A plan with no guardrail in the way unless a test sets one."""
+    base = {"warmup_s": 0, "min_gap_s": 0, "max_concurrent": 100}
+    return plan_from_dict({**base, **fields})
+
+
+def run_plan(plan: Plan, target: FakeTarget, clock: SleepingClock) -> Controller:
+    """Run a controller for `plan` against the fake `target` on the fake `clock`, to the end."""
+    controller = Controller(plan, target, clock=clock, sleep=clock.sleep, poll_s=0.5)
+    controller.run()
+    return controller
+
+
+def write_status(run: Path, learner_pids: dict[int, int], syncer_pid: int | None = None, **extra: Any) -> None:
+    """A running run's status.json that names the learners' (and the syncer's) pids, written atomically."""
+    status = {
+        "state": "running",
+        "updated_at": time.time(),
+        "learners": [{"id": i, "pid": pid, "state": "training", "step": 3} for i, pid in learner_pids.items()],
+        "syncer": {"quorum": 2, "pid": syncer_pid},
+        **extra,
+    }
+    tmp = run / ".status.json.tmp"
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, run / "status.json")

@@ -1,0 +1,97 @@
+"""The run reader behind `dlc status` and `dlc report`: tolerance of half-written files, byte rates
+over live snapshots, the parameter count from recipe.yaml, and finding the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from dlc.errors import UserError
+from dlc.observe.reader import RunReader, count_params
+from dlc.run.files import JsonlTail, resolve_run
+from tests.fixtures_runs import ELAPSED_S, NOW, T0, make_run, status, summary
+
+
+def test_corrupt_status_keeps_the_last_good_copy(tmp_path):
+    path = make_run(tmp_path / "r")
+    reader = RunReader(path, clock=lambda: NOW)
+    assert reader.snapshot()["learners"][0]["step"] == 100
+    (path / "status.json").write_text("{")
+    snap = reader.snapshot()
+    assert snap["learners"][0]["step"] == 100
+    assert snap["warnings"] == ["status.json could not be read; showing the last good copy"]
+
+
+def test_jsonl_tail_reads_complete_lines_once(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"a": 1}\n{"b"')
+    tail = JsonlTail(path)
+    assert tail.read() == [{"a": 1}] and tail.partial
+    with open(path, "a") as f:
+        f.write(": 2}\n[3]\n")
+    assert tail.read() == [{"b": 2}] and not tail.partial and tail.skipped == 1  # [3] is no object
+    assert tail.read() == []
+    path.write_text("{}\n")  # shorter than what was read: a new file
+    assert tail.read() is None
+    assert JsonlTail(tmp_path / "missing.jsonl").read() == []
+
+
+def test_byte_rates_over_live_snapshots(tmp_path):
+    path = make_run(tmp_path / "r")
+    now = [NOW]
+    reader = RunReader(path, clock=lambda: now[0])
+    reader.snapshot()
+    later = status(updated_at=T0 + ELAPSED_S + 10, elapsed_s=ELAPSED_S + 10)
+    later["syncer"]["bytes_up"] += 102_400
+    later["syncer"]["bytes_down"] += 1_024_000
+    (path / "status.json").write_text(json.dumps(later))
+    now[0] += 10
+    sync = reader.snapshot()["syncer"]
+    assert (sync["bytes_up_per_s"], sync["bytes_down_per_s"]) == (10_240.0, 102_400.0)  # over the 10 s
+
+
+def test_resumed_run_ignores_the_previous_summary(tmp_path):
+    path = make_run(tmp_path / "r", summary=summary("interrupted"))
+    os.utime(path / "summary.json", (time.time() - 60, time.time() - 60))
+    assert RunReader(path, clock=lambda: NOW).snapshot()["state"] == "running"
+    os.utime(path / "summary.json")
+    assert RunReader(path, clock=lambda: NOW).snapshot()["state"] == "interrupted"
+
+
+def test_count_params_matches_the_model():
+    import jax
+
+    from dlc.config.schema import ModelConfig
+    from dlc.core.model import build_model
+    from dlc.core.model import count_params as model_count
+
+    # tiny: embeddings 256*64 + 64*64 = 20,480; per block 4*64 (norms) + 4*64^2 (qkv, out)
+    # + 2*4*64^2 + 4*64 + 64 (MLP) = 49,728, four blocks 198,912; final norm 128: 219,520.
+    assert count_params({"width": 64, "num_layers": 4, "mlp_ratio": 4, "context_len": 64}) == 219_520
+    for cfg in (
+        ModelConfig(width=64, num_layers=4, num_heads=4, mlp_ratio=4, context_len=64),
+        ModelConfig(width=32, num_layers=2, num_heads=2, mlp_ratio=3, context_len=16, tie_embeddings=False),
+    ):
+        shapes = jax.eval_shape(lambda cfg=cfg: build_model(cfg, 0)[1])  # shapes only: nothing initialised
+        assert count_params(cfg.model_dump()) == model_count(shapes)
+    assert count_params({"width": 64}) is None
+
+
+def test_resolve_run_picks_the_latest_and_refuses_non_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for name, age_s in (("old", 100), ("new", 10)):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "recipe.yaml").write_text("run: {}\n")
+        for p in (runs / name / "recipe.yaml", runs / name):
+            os.utime(p, (time.time() - age_s, time.time() - age_s))
+    (runs / "stray").mkdir()
+    assert resolve_run(None, runs) == runs / "new"
+    with pytest.raises(UserError, match="no run directory under"):
+        resolve_run(None, tmp_path / "nowhere")
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_run(tmp_path / "nowhere")
+    with pytest.raises(UserError, match="is not a run directory"):
+        resolve_run(runs / "stray")

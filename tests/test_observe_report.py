@@ -1,0 +1,97 @@
+"""dlc report on fixture runs: PNG sizes, the table's numbers, and derived series by hand."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from dlc.observe.report import RunData, learner_steps_at, load_run, merged_share, write_report
+from tests.fixtures_runs import T0, finished_run, make_run
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def table(report_md: str) -> dict[str, list[str]]:
+    rows = [line.strip("|").split("|") for line in report_md.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_report_of_two_runs(tmp_path):
+    a = finished_run(tmp_path / "a" / "r")
+    b = finished_run(tmp_path / "b" / "r", goodput=0.875, status="failed", error="learner 2 died: gone\nstack")
+    written = write_report([a, b], tmp_path / "out")
+    names = [p.name for p in written]
+    assert names == [
+        "eval_loss_vs_tokens.png",
+        "eval_loss_vs_time.png",
+        "train_loss_r.png",
+        "train_loss_r-2.png",  # two runs named r: the second is told apart
+        "goodput.png",
+        "bytes_sent.png",
+        "report.md",
+    ]
+    for png in written[:-1]:
+        assert png_size(png) == (800, 450) and png.stat().st_size > 10_000
+    rows = table((tmp_path / "out" / "report.md").read_text())
+    assert rows[""] == ["r", "r-2"]
+    expected = {
+        "status": ["completed", "failed"],
+        "learners": ["4", "4"],
+        "parameters": ["219,520", "219,520"],
+        "tokens": ["409,600", "409,600"],
+        "wall time": ["3:20", "3:20"],
+        "throughput (tok/s)": ["2,048", "2,048"],  # 409,600 tokens / 200 s
+        "eval loss initial": ["5.426", "5.426"],
+        "eval loss final": ["3.100", "3.100"],
+        "goodput (%)": ["-", "87.5"],
+        "rounds closed": ["400", "400"],
+        "pushes rejected": ["2", "2"],
+        "bytes up (MiB)": ["3.35", "3.35"],  # 3,512,320 B
+        "bytes down (MiB)": ["10.00", "10.00"],
+        # 4 B x 219,520 x 400 learner steps = 351,232,000 B = 334.96 MiB, 100x the bytes sent up
+        "data-parallel each way (MiB)": ["334.96", "334.96"],
+        "data-parallel / ours up (x)": ["100.0", "100.0"],
+        "faults injected": ["2", "2"],
+        "error": ["-", "learner 2 died: gone"],
+    }
+    assert {k: rows[k] for k in expected} == expected
+    assert "![goodput](goodput.png)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_load_run_reads_progress_bytes_and_steps(tmp_path):
+    run = load_run(finished_run(tmp_path / "r"), "r")
+    # 400 rounds of 24 x 1,024 tokens over 24 fragments: 1,024 tokens merged each.
+    assert len(run.merged) == 400 and sum(x for _, x in run.merged) == 409_600
+    assert sum(b for _, b in run.sent) == 400 * (3_512_320 // 400)
+    # Learner 0 starts at t0+10 and first pushes at t0+20; train lines at steps 50 and 100.
+    assert run.steps[0] == [(T0 + 20, 0), (T0 + 59.2, 50), (T0 + 99.2, 100)]
+    assert run.t0 == T0 and len(run.evals) == 2 and sorted(run.train) == [0, 1, 2, 3]
+    assert [c["phase"] for c in run.chaos] == ["injected", "detected", "restarted", "injected"]
+
+
+def test_without_chaos_the_faults_are_the_deaths_in_the_event_log(tmp_path):
+    path = make_run(tmp_path / "r")
+    with open(path / "events.jsonl", "a") as f:
+        f.write('{"t": 1800000070, "kind": "learner_died", "learner": 1}\n')
+    (entry,) = load_run(path, "r").chaos
+    assert entry == {"t": 1800000070, "fault": "unplanned", "target": "learner 1", "learner": 1, "phase": "died"}
+
+
+def test_merged_share_by_hand():
+    run = RunData(Path("x"), "x", {}, {}, merged=[(1, 100), (3, 100), (5, 50), (7, 100)], t0=0.0)
+    # Width max(2, 7 / 60) = 2 s: bins [0,2) [2,4) [4,6) [6,8] hold 100, 100, 50, 100 tokens, so
+    # 50, 50, 25, 50 tok/s; the steady rate (90th percentile) is 50.
+    x, share = merged_share(run, min_width_s=2.0)
+    assert x.tolist() == [2.0, 4.0, 6.0, 8.0] and share.tolist() == [1.0, 1.0, 0.5, 1.0]
+
+
+def test_learner_steps_by_hand():
+    run = RunData(Path("x"), "x", {}, {}, steps={0: [(10, 0), (20, 50)], 1: [(10, 0), (30, 100)]}, t0=0.0)
+    # Learner 0: 0 before t=10, 25 at 15, 50 from 20 on; learner 1: 25 at 15, 50 at 20, 100 from 30.
+    assert learner_steps_at(run, np.array([5.0, 15.0, 20.0, 30.0, 40.0])).tolist() == [0, 50, 100, 150, 150]

@@ -257,8 +257,13 @@ class LearnerWorker:
             "copy_s": round(time.time() - state["copied_at"], 3),
         }
 
-    def import_global(self, fragments: list[np.ndarray], versions: list[int]) -> dict[str, Any]:
-        """No healthy peer: start from the syncer's global fragments with fresh AdamW state."""
+    def import_global(self, global_state: tuple[list[np.ndarray], list[int]]) -> dict[str, Any]:
+        """No healthy peer: start from the syncer's global fragments with fresh AdamW state.
+
+        `global_state` is what the syncer's `global_fragments` returns, (fragments, versions), so
+        the supervisor can hand one actor's answer to the other without waiting for it.
+        """
+        fragments, versions = global_state
         self.sync.adopt_global(fragments, versions)
         return {"peer": None, "step": self.learner.step, "data_position": self.learner.stream.position}
 

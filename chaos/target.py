@@ -23,7 +23,6 @@ import yaml
 
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, HEALTHY_STATES, RECIPE_FILE, STATUS_FILE, append_jsonl
 
-
 # The stall timer runs in its own interpreter and session, so it sends SIGCONT even when the
 # process that stalled the victim is killed, or the user presses Ctrl-C in its terminal.
 _RESUME_TIMER = """\

@@ -20,7 +20,7 @@ from dlc.core.data import Split
 from dlc.engine.control import start_chaos
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
-from dlc.run.files import GONE_STATES, SUMMARY_FILE, read_json
+from dlc.run.files import EVENTS_FILE, GONE_STATES, SUMMARY_FILE, read_json, read_jsonl
 from dlc.run.rundir import RunDir
 
 EXIT_INTERRUPTED = 130
@@ -88,7 +88,12 @@ class Driver:
         from dlc.algo import get_algorithm
 
         self.has_global_model = get_algorithm(recipe.algorithm).global_model
+        self._rounds_logged: set[tuple[int, int]] = set()  # (fragment, version) in events.jsonl
         if resume:
+            logged, _ = read_jsonl(rundir.path / EVENTS_FILE)
+            self._rounds_logged = {
+                (e.get("fragment"), e.get("version")) for e in logged if e.get("kind") == "round_closed"
+            }
             previous = read_json(rundir.path / SUMMARY_FILE) or {}
             self.prior_wall_s = float(previous.get("wall_s", 0.0))
             self.eval_initial = previous.get("eval_loss_initial")
@@ -304,14 +309,23 @@ class Driver:
             self._metric(**metric)
 
     def _absorb_syncer(self, result: dict[str, Any]) -> None:
-        for event in result["events"]:
+        # A restarted syncer reports the rounds of its predecessor's journal again: log each once.
+        events = [e for e in result["events"] if e["kind"] != "round_closed" or self._new_round(e)]
+        for event in events:
             self.rundir.event(**event)
             if event["kind"] == "push_rejected":
                 self._rejected_by_learner[event["learner"]] = self._rejected_by_learner.get(event["learner"], 0) + 1
-        self.supervisor.note_syncer_events(result["events"])
+        self.supervisor.note_syncer_events(events)
         self.syncer_view = result["status"]
         if result["error"]:
             self.failure = f"syncer failed:\n{result['error']}"
+
+    def _new_round(self, event: dict[str, Any]) -> bool:
+        key = (event["fragment"], event["version"])
+        if key in self._rounds_logged:
+            return False
+        self._rounds_logged.add(key)
+        return True
 
     def _maybe_evaluate(self) -> None:
         import ray

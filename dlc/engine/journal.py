@@ -35,6 +35,9 @@ class Journal:
         os.replace(self.path, self.previous)
         self._file = open(self.path, "ab")  # noqa: SIM115
 
+    def close(self) -> None:
+        self._file.close()
+
     def drop_previous(self) -> None:
         """The checkpoint is complete: the rounds before it are in it."""
         self.previous.unlink(missing_ok=True)

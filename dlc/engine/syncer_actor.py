@@ -30,20 +30,23 @@ class SyncerWorker:
     def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
         from dlc.algo import get_algorithm
         from dlc.core.model import build_model, flatten_params
+        from dlc.net.transport import Transport
 
         self.recipe = Recipe.model_validate(recipe_json)
         _, params = build_model(self.recipe.model, self.recipe.run.seed)
         self.shapes = flatten_params(params)
         self.learners: dict[int, Any] = {}
-        from dlc.net.transport import Transport
-
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed + 1)  # downlinks
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
         self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
         self.journal = Journal(syncer_journal_path(Path(run_dir)))
-        self.syncer.journal = self.journal.write
+        self.syncer.journal = self._journal_round
+        # Events of the rounds journaled since the last checkpoint: the next checkpoint keeps them,
+        # so a restarted syncer can re-send any its predecessor closed but never reported.
+        self._round_events: list[dict[str, Any]] = []
+        self._resend: list[dict[str, Any]] = []  # those a restarted syncer reports again, first
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._last_save = time.monotonic()
@@ -58,6 +61,13 @@ class SyncerWorker:
         """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
         self.transport.impair(index, factor, seconds)
 
+    def _journal_round(self, record: dict[str, Any]) -> None:
+        event = record.get("event")
+        if event is not None:
+            event["t"] = round(time.time(), 3)  # when the round closed, also if its event is re-sent
+            self._round_events.append(event)
+        self.journal.write(record)
+
     def restore(self) -> dict[str, Any] | None:
         """The last checkpoint, then every journaled round after it: the state at the moment of death."""
         restored = None
@@ -67,9 +77,17 @@ class SyncerWorker:
                 raise UserError("the syncer checkpoint was written with other fragments: pass --fresh to start over")
             self.syncer.load(tree, meta)
             restored = {"checkpoint_rounds": meta["rounds_closed"]}
+            resend = list(meta.get("round_events", []))
+        else:
+            resend = []
         replayed = 0
         for record in self.journal.records():
             replayed += self.syncer.replay(record)
+            if "event" in record:
+                self._round_events.append(record["event"])
+        # The dead syncer's last rounds may never have reached the driver: report them again (the
+        # driver logs each round once), from the last checkpoint's rounds and the journal's.
+        self._resend = [{**e, "replayed": True} for e in resend + self._round_events]
         if restored is None and replayed == 0:
             return None
         return {
@@ -125,6 +143,8 @@ class SyncerWorker:
     def save(self) -> None:
         with self.lock:
             tree, meta = self.syncer.state()
+            meta = {**meta, "round_events": self._round_events}
+            self._round_events = []
             tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
             step = self.syncer.rounds_closed
             # Rounds after this state go to a fresh journal; the old one stays until the
@@ -145,7 +165,13 @@ class SyncerWorker:
     def poll(self) -> dict[str, Any]:
         with self.lock:
             status = {**self.syncer.status(), "pid": os.getpid()}
-            return {"status": status, "events": self.syncer.drain_events(), "error": self.error}
+            events, self._resend = self._resend + self.syncer.drain_events(), []
+            return {"status": status, "events": events, "error": self.error}
+
+    def close(self) -> None:
+        """Release the journal and checkpoint files (the actor's process does this by ending)."""
+        self.journal.close()
+        self.checkpointer.close()
 
     def finish(self) -> dict[str, Any]:
         """End of run: close every round holding a push, stop ticking, checkpoint."""

@@ -160,6 +160,19 @@ class DecoupledSyncer:
         self.contributions += len(result.learners)
         self.contributed.update(result.learners)
         self._remember_merged(pairs)
+        event = {
+            "kind": "round_closed",
+            "fragment": p,
+            "version": result.version,
+            "contributors": list(result.learners),
+            "weights": [round(float(w), 4) for w in weights],
+            "staleness": list(result.staleness),
+            "grace_s": round(result.grace_window_s, 4),
+            "waited_s": round(result.waited_s, 4),
+            "tokens": list(result.tokens),
+            "seqs": list(result.seqs),
+            "expired": list(result.expired),
+        }
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
                 {
@@ -169,27 +182,14 @@ class DecoupledSyncer:
                     "momentum": self.momentum[p],
                     "merged": pairs,
                     "counters": self._counters(),
+                    "event": event,  # the round's record survives the syncer, even undrained
                 }
             )
         message = MergedFragment(p, result.version, self.down_codec.encode(self.theta[p]), self.clock(), pairs)
         for learner in sorted(self.members):
             self.bytes_down += self.deliver(learner, message)
         self.book.mark_sent(p)
-        self.events.append(
-            {
-                "kind": "round_closed",
-                "fragment": p,
-                "version": result.version,
-                "contributors": list(result.learners),
-                "weights": [round(float(w), 4) for w in weights],
-                "staleness": list(result.staleness),
-                "grace_s": round(result.grace_window_s, 4),
-                "waited_s": round(result.waited_s, 4),
-                "tokens": list(result.tokens),
-                "seqs": list(result.seqs),
-                "expired": list(result.expired),
-            }
-        )
+        self.events.append(event)
         return result
 
     def _remember_merged(self, pairs: tuple[tuple[int, int], ...]) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from dlc.algo.blocking.messages import Contribution, GlobalModel
 from dlc.algo.decoupled.syncer import counter_status
+from dlc.algo.global_model import GlobalFragments
 from dlc.algo.outer import OuterNesterov, merge_weights
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -107,7 +108,7 @@ class AdamWStep:
         self.opt_state = jax.tree_util.tree_unflatten(self._treedef, leaves)
 
 
-class BarrierSyncer:
+class BarrierSyncer(GlobalFragments):
     def __init__(
         self,
         recipe: Recipe,
@@ -296,15 +297,6 @@ class BarrierSyncer:
 
     def versions(self) -> list[int]:
         return [self.version]
-
-    def global_fragments(self) -> list[np.ndarray]:
-        return [t.copy() for t in self.theta]
-
-    def fingerprint(self) -> str:
-        return self.plan.fingerprint()
-
-    def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.plan.assemble(self.theta, like)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()

@@ -15,6 +15,7 @@ import numpy as np
 from dlc.algo.decoupled.guards import GraceWindow
 from dlc.algo.decoupled.messages import MergedFragment, Push
 from dlc.algo.decoupled.rounds import RoundBook, RoundResult
+from dlc.algo.global_model import GlobalFragments
 from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -40,7 +41,7 @@ def counter_status(syncer: Any, now: float) -> dict[str, Any]:
     }
 
 
-class DecoupledSyncer:
+class DecoupledSyncer(GlobalFragments):
     def __init__(
         self,
         recipe: Recipe,
@@ -243,16 +244,6 @@ class DecoupledSyncer:
 
     def versions(self) -> list[int]:
         return list(self.book.versions)
-
-    def global_fragments(self) -> list[np.ndarray]:
-        return [t.copy() for t in self.theta]
-
-    def fingerprint(self) -> str:
-        return self.plan.fingerprint()
-
-    def global_params(self, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The global model as a flat dict (shapes from `like`)."""
-        return self.plan.assemble(self.theta, like)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()

@@ -20,6 +20,7 @@ class NoSync:
 
     pushes = 0
     adopted = 0
+    seq = 0
     waiting_s = 0.0
     idle = None
 

@@ -21,6 +21,7 @@ class LearnerSync(Protocol):
 
     pushes: int
     adopted: int
+    seq: int  # the next message's sequence number; the engine starts each incarnation apart
     waiting_s: float  # time the loop spent blocked on the network or on other learners
     idle: Callable[[], None] | None  # called now and then while blocked
 

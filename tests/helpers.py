@@ -24,6 +24,7 @@ from chaos.controller import Controller
 from chaos.faults import FaultKind
 from chaos.plan import Plan, plan_from_dict
 from chaos.target import LearnerInfo, TargetError
+from dlc.config.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -243,3 +244,18 @@ def write_status(run: Path, learner_pids: dict[int, int], syncer_pid: int | None
     tmp = run / ".status.json.tmp"
     tmp.write_text(json.dumps(status))
     os.replace(tmp, run / "status.json")
+
+
+def twin_recipe(learners=2, **syncer) -> Recipe:
+    """A recipe small enough to step in-process by the hundred: width 32, one layer, P = H = 4."""
+    return Recipe.model_validate(
+        {
+            "run": {"max_steps": 40, "seed": 0},
+            "model": {"width": 32, "num_layers": 1, "num_heads": 2, "context_len": 32},
+            "data": {"max_corpus_bytes": 300_000, "block_bytes": 1024},
+            "learners": {"count": learners, "batch_size": 8, "seq_len": 32},
+            "inner": {"lr": 3e-3, "warmup_steps": 5},
+            "syncer": {"fragments": 4, "sync_interval_steps": 4, "overlap_steps": 1, **syncer},
+            "eval": {"batches": 2, "batch_size": 8},
+        }
+    )

@@ -9,20 +9,7 @@ from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import load_corpus, split_corpus
 from dlc.engine.local import InProcessRun
-
-
-def small_recipe(learners=2, **syncer) -> Recipe:
-    return Recipe.model_validate(
-        {
-            "run": {"max_steps": 40, "seed": 0},
-            "model": {"width": 32, "num_layers": 1, "num_heads": 2, "context_len": 32},
-            "data": {"max_corpus_bytes": 300_000, "block_bytes": 1024},
-            "learners": {"count": learners, "batch_size": 8, "seq_len": 32},
-            "inner": {"lr": 3e-3, "warmup_steps": 5},
-            "syncer": {"fragments": 4, "sync_interval_steps": 4, "overlap_steps": 1, **syncer},
-            "eval": {"batches": 2, "batch_size": 8},
-        }
-    )
+from tests.helpers import twin_recipe
 
 
 def make_run(recipe: Recipe) -> InProcessRun:
@@ -31,7 +18,7 @@ def make_run(recipe: Recipe) -> InProcessRun:
 
 
 def test_two_learners_contribute_merge_and_learn():
-    run = make_run(small_recipe(learners=2, outer_lr=1.0, outer_momentum=0.0))
+    run = make_run(twin_recipe(learners=2, outer_lr=1.0, outer_momentum=0.0))
     initial = run.global_eval()
     for _ in range(40):
         run.step_all()
@@ -47,7 +34,7 @@ def test_two_learners_contribute_merge_and_learn():
 
 
 def test_bytes_per_push_match_the_codec():
-    run = make_run(small_recipe(learners=2, codec="int4", codec_block_values=64))
+    run = make_run(twin_recipe(learners=2, codec="int4", codec_block_values=64))
     for _ in range(8):
         run.step_all()
     plan = run.syncs[0].plan
@@ -63,7 +50,7 @@ def test_bytes_per_push_match_the_codec():
 
 @pytest.mark.parametrize("mode", ["replace", "mix", "rebase"])
 def test_adopt_modes_by_hand(mode):
-    run = make_run(small_recipe(learners=1, adopt=mode, mix_alpha=0.25))
+    run = make_run(twin_recipe(learners=1, adopt=mode, mix_alpha=0.25))
     sync = run.syncs[0]
     p = 0
     size = sync.plan.size(p)
@@ -80,7 +67,7 @@ def test_adopt_modes_by_hand(mode):
 
 
 def test_merged_fragment_waits_tau_steps_after_its_push():
-    run = make_run(small_recipe(learners=1, overlap_steps=2, sync_interval_steps=4))
+    run = make_run(twin_recipe(learners=1, overlap_steps=2, sync_interval_steps=4))
     sync = run.syncs[0]
     learner = sync.learner
     for _ in range(4):  # step 4: fragment 3 is due (phase ceil(4*4/4) = 4)
@@ -101,7 +88,7 @@ def test_merged_fragment_waits_tau_steps_after_its_push():
 def test_bandwidth_prediction_equals_bytes_sent():
     from dlc.plan.bandwidth import recipe_traffic
 
-    recipe = small_recipe(learners=2, sync_interval_steps=4)
+    recipe = twin_recipe(learners=2, sync_interval_steps=4)
     predicted = recipe_traffic(recipe)
     run = make_run(recipe)
     for _ in range(8):  # two full periods of H = 4: every fragment sent exactly twice
@@ -117,7 +104,7 @@ def test_restored_learner_does_not_recompile_as_it_adopts_fragments(tmp_path):
     # jit compiles each mix anew, so a restored learner must hold plain uncommitted arrays.
     from dlc.run.checkpoint import Checkpointer
 
-    run = make_run(small_recipe(learners=2))
+    run = make_run(twin_recipe(learners=2))
     for _ in range(6):
         run.step_all()
     sync = run.syncs[0]
@@ -133,7 +120,7 @@ def test_restored_learner_does_not_recompile_as_it_adopts_fragments(tmp_path):
 
 
 def test_every_step_record_reaches_the_loop_whoever_flushed():
-    run = make_run(small_recipe(learners=1))
+    run = make_run(twin_recipe(learners=1))
     learner = run.learners[0]
     learner.train_step()
     learner.train_step()  # finishes step 1

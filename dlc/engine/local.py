@@ -2,12 +2,14 @@
 
 No Ray, no threads, no wall clock: a deterministic twin of the engine for tests and for tuning
 the outer optimizer quickly. Messages still pass through `Transport`, so bytes are counted the
-same way.
+same way. Two ways to drive it: `step_all` steps every learner once, in lock-step; `run_until`
+plays the learners on a fake clock, each at its own pace from its own start time, and can
+freeze one for a while, as the real engine's learners drift apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,16 +35,34 @@ class Direct:
 
 
 class InProcessRun:
-    """M learners and one syncer; `step_all` advances every learner by one inner step."""
+    """M learners and one syncer on one fake clock.
 
-    def __init__(self, recipe: Recipe, split: Split, step_time_s: float = 0.1) -> None:
+    `paces_s[i]` is learner i's step time (default `step_time_s` for all) and `starts_s[i]` when it
+    starts stepping (default 0): its k-th step ends at `starts_s[i] + k * paces_s[i]`.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        split: Split,
+        step_time_s: float = 0.1,
+        paces_s: Sequence[float] | None = None,
+        starts_s: Sequence[float] | None = None,
+    ) -> None:
         if recipe.algorithm not in ("decoupled", "none"):
             raise ValueError(f"the in-process twin steps learners in turn; algorithm {recipe.algorithm} blocks")
         algorithm = get_algorithm(recipe.algorithm)
+        count = recipe.learners.count
         self.recipe = recipe
-        self.now = 0.0  # the twin's clock: step_all advances it by step_time_s
+        self.now = 0.0  # the twin's clock
         self.step_time_s = step_time_s
-        self.learners = [Learner(recipe, i, split.streams[i]) for i in range(recipe.learners.count)]
+        self.paces_s = list(paces_s) if paces_s is not None else [step_time_s] * count
+        starts = list(starts_s) if starts_s is not None else [0.0] * count
+        if len(self.paces_s) != count or len(starts) != count or min(self.paces_s) <= 0:
+            raise ValueError(f"need {count} positive paces and {count} start times")
+        self._next_s = [start + pace for start, pace in zip(starts, self.paces_s, strict=True)]
+        self._frozen: dict[int, tuple[float, float]] = {}
+        self.learners = [Learner(recipe, i, split.streams[i]) for i in range(count)]
         # Host copies: the learners' own arrays are donated to their next step.
         self.initial = flatten_params(self.learners[0].params)
         self.like = unflatten_params(self.initial, self.learners[0].params)
@@ -58,14 +78,49 @@ class InProcessRun:
     def _deliver(self, learner: int, message: Any) -> int:
         return self.down.send(Direct(self.syncs[learner].receive), message)
 
+    def _step(self, index: int) -> None:
+        learner, sync = self.learners[index], self.syncs[index]
+        learner.train_step()
+        learner.take_records()  # the twin keeps no per-step log
+        sync.after_step()
+        self.syncer.heartbeat(index)
+
     def step_all(self) -> None:
-        for learner, sync in zip(self.learners, self.syncs, strict=True):
-            learner.train_step()
-            learner.take_records()  # the twin keeps no per-step log
-            sync.after_step()
-            self.syncer.heartbeat(learner.index)
+        """Every learner takes one step; then the clock moves on by `step_time_s` and the syncer ticks."""
+        for index in range(len(self.learners)):
+            self._step(index)
         self.now += self.step_time_s
         self.syncer.tick()
+
+    def freeze(self, index: int, from_s: float, until_s: float) -> None:
+        """Learner `index` neither steps nor heartbeats between `from_s` and `until_s` (a SIGSTOP)."""
+        self._frozen[index] = (from_s, until_s)
+
+    def run_until(self, until_s: float) -> int:
+        """Play every learner at its own pace until `until_s`; the syncer ticks whenever time moves on.
+
+        Returns how many steps were taken, all learners together.
+        """
+        steps = 0
+        while True:
+            index = min(range(len(self.learners)), key=lambda i: (self._next_s[i], i))
+            at = self._next_s[index]
+            if at > until_s:
+                break
+            frozen_from, frozen_until = self._frozen.get(index, (0.0, 0.0))
+            if frozen_from <= at < frozen_until:  # the step in progress ends after the thaw
+                self._next_s[index] = frozen_until + self.paces_s[index]
+                continue
+            if at > self.now:  # every step that ended at the old time is in: the syncer acts on them
+                self.syncer.tick()
+                self.now = at
+            self._step(index)
+            self._next_s[index] = at + self.paces_s[index]
+            steps += 1
+        self.syncer.tick()
+        self.now = until_s
+        self.syncer.tick()
+        return steps
 
     def finish(self) -> None:
         for learner, sync in zip(self.learners, self.syncs, strict=True):

@@ -1,4 +1,4 @@
-"""`dlc status`, reading: a run directory into one snapshot dict (rendered by `status_view`).
+"""`dlc status`, reading: a run directory into one snapshot dict (rendered by `dlc.observe.dashboard`).
 
 Nothing here talks to Ray, so the view works from another terminal, on a finished run, or on a
 machine that only mounts the directory. Files are read defensively: a half-written JSON line, a

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # single-node init on 127.0.0.1
+import numpy as np
+import ray
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-
-from dlc.config.schema import ClusterConfig  # noqa: E402
-from dlc.errors import UserError  # noqa: E402
+from dlc.config.schema import ClusterConfig
+from dlc.errors import UserError
 
 
 def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from dlc.config.budget import Budget
 from dlc.config.schema import Recipe
 from dlc.core.data import Split
 from dlc.engine.control import start_chaos
+from dlc.engine.evaluations import Evaluations
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
 from dlc.run.files import EVENTS_FILE, GONE_STATES, SUMMARY_FILE, read_json, read_jsonl
@@ -75,20 +76,15 @@ class Driver:
 
         self.tb = TensorBoardWriter(rundir.path)
         self.prior_wall_s = 0.0
-        self.eval_initial: float | None = None
-        self.eval_loss: float | None = None
-        self.eval_bpb: float | None = None
         self._rejected_by_learner: dict[int, int] = {}
         self.syncer_view: dict[str, Any] = {}
         self.failure: str | None = None
         self._syncer_poll: Any = None
-        self._eval_ref: Any = None
-        self._eval_step = 0.0
-        self._next_eval = recipe.eval.every_steps
         from dlc.algo import get_algorithm
 
         self.has_global_model = get_algorithm(recipe.algorithm).global_model
         self._rounds_logged: set[tuple[int, int]] = set()  # (fragment, version) in events.jsonl
+        previous: dict[str, Any] = {}
         if resume:
             logged, _ = read_jsonl(rundir.path / EVENTS_FILE)
             self._rounds_logged = {
@@ -96,7 +92,7 @@ class Driver:
             }
             previous = read_json(rundir.path / SUMMARY_FILE) or {}
             self.prior_wall_s = float(previous.get("wall_s", 0.0))
-            self.eval_initial = previous.get("eval_loss_initial")
+        self.evals = Evaluations(recipe.eval.every_steps, self._metric, initial=previous.get("eval_loss_initial"))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -189,9 +185,8 @@ class Driver:
                     f"learner {i} resumed at step {where['step']} (data position {where['data_position']})"
                 )
         ray.get([self.syncer.register.remote(i, h) for i, h in self.learners.items()])
-        if self.eval_initial is None and self.has_global_model:
-            self.eval_initial, _ = ray.get(self.evaluator.evaluate.remote(self.syncer.global_params.remote()))
-            self._metric(kind="eval", step=0, tokens=0, eval_loss=self.eval_initial, eval_bpb=_bpb(self.eval_initial))
+        if self.has_global_model:
+            self.evals.first(self.evaluator, self.syncer.global_params.remote())
         fragments, versions = ray.get(self.syncer.global_fragments.remote()) if self.resume else (None, None)
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
@@ -206,7 +201,8 @@ class Driver:
             self._poll_all()
             if self.supervisor.failure:
                 self.failure = self.supervisor.failure
-            self._maybe_evaluate()
+            if self.has_global_model:
+                self.evals.poll(self._mean_step(), self._tokens(), lambda: self.syncer.global_params.remote())
             tokens = self._tokens()
             if time.time() - last_status >= self.recipe.run.status_interval_s:
                 last_status = time.time()
@@ -237,21 +233,8 @@ class Driver:
             with contextlib.suppress(ray.exceptions.RayError):
                 self._absorb_syncer(ray.get(ref, timeout=30))
         self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
-        if self._eval_ref is not None:
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.get(self._eval_ref)
-        if not self.has_global_model:
-            return
-        params = self.syncer.global_params.remote()
-        self.eval_loss, self.eval_bpb = ray.get(self.evaluator.evaluate.remote(params), timeout=300)
-        self._metric(
-            kind="eval",
-            step=round(self._mean_step(), 1),
-            tokens=self._tokens(),
-            eval_loss=self.eval_loss,
-            eval_bpb=self.eval_bpb,
-            final=True,
-        )
+        if self.has_global_model:
+            self.evals.final(self.syncer.global_params.remote(), self._mean_step(), self._tokens())
 
     # -- polling -----------------------------------------------------------------------------
 
@@ -327,33 +310,6 @@ class Driver:
         self._rounds_logged.add(key)
         return True
 
-    def _maybe_evaluate(self) -> None:
-        import ray
-
-        if not self.has_global_model:
-            return
-        if self._eval_ref is not None:
-            ready, _ = ray.wait([self._eval_ref], timeout=0)
-            if not ready:
-                return
-            ref, self._eval_ref = self._eval_ref, None
-            try:
-                self.eval_loss, self.eval_bpb = ray.get(ref)
-            except ray.exceptions.RayError:  # the syncer died while serving the parameters
-                return
-            self._metric(
-                kind="eval",
-                step=round(self._eval_step, 1),
-                tokens=self._eval_tokens,
-                eval_loss=self.eval_loss,
-                eval_bpb=self.eval_bpb,
-            )
-        step = self._mean_step()
-        if step >= self._next_eval:
-            self._next_eval = (int(step) // self.recipe.eval.every_steps + 1) * self.recipe.eval.every_steps
-            self._eval_step, self._eval_tokens = step, self._tokens()
-            self._eval_ref = self.evaluator.evaluate.remote(self.syncer.global_params.remote())
-
     # -- views -------------------------------------------------------------------------------
 
     def wall_s(self) -> float:
@@ -384,9 +340,9 @@ class Driver:
             goodput=self._goodput_summary(),
             syncer=self.syncer_view,
             rejected=self._rejected_by_learner,
-            eval_initial=self.eval_initial,
-            eval_loss=self.eval_loss,
-            eval_bpb=self.eval_bpb,
+            eval_initial=self.evals.initial,
+            eval_loss=self.evals.loss,
+            eval_bpb=self.evals.bpb,
         )
 
     def _snapshot(self, run_state: str) -> dict[str, Any]:
@@ -414,9 +370,3 @@ def _user_error_inside(exc: BaseException) -> BaseException:
 
     cause = getattr(exc, "cause", None)
     return UserError(str(cause)) if isinstance(cause, UserError) else exc
-
-
-def _bpb(loss: float) -> float:
-    import math
-
-    return loss / math.log(2)

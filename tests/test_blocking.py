@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from dlc.algo import get_algorithm
 from dlc.algo.blocking.learner import DataParallelSync
 from dlc.algo.blocking.messages import Contribution
 from dlc.algo.blocking.syncer import AdamWStep, BarrierSyncer, OuterStep
@@ -45,7 +46,8 @@ def test_dp_average_is_one_step_on_the_concatenated_batch():
     deliver = lambda i, m: syncs[i].receive(m) or m.payload.nbytes  # noqa: E731
     syncer = BarrierSyncer(recipe, initial, deliver, FakeClock(), AdamWStep, "none", "none", "tokens")
     syncer_box["push"] = Direct(syncer.push)
-    syncs = [DataParallelSync(recipe, learner, Transport(), type("S", (), syncer_box)) for learner in learners]
+    box, traffic = type("S", (), syncer_box), get_algorithm("dp").traffic(recipe)
+    syncs = [DataParallelSync(recipe, learner, Transport(), box, traffic) for learner in learners]
     for i in range(2):
         syncer.join(i)
     syncer.tick()  # admits both and sends them version 0

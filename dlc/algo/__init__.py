@@ -50,8 +50,9 @@ def _decoupled_learner(recipe: Recipe, learner: Learner, transport: Transport, s
     from dlc.algo.decoupled.learner import DecoupledLearnerSync
     from dlc.core.model import flatten_params
 
-    plan = FragmentPlan.build(shapes_of(flatten_params(learner.params)), _decoupled_traffic(recipe).fragments)
-    return DecoupledLearnerSync(recipe, learner, plan, transport, syncer.push)
+    traffic = _decoupled_traffic(recipe)
+    plan = FragmentPlan.build(shapes_of(flatten_params(learner.params)), traffic.fragments)
+    return DecoupledLearnerSync(recipe, learner, plan, transport, syncer.push, traffic)
 
 
 def _decoupled_syncer(
@@ -79,13 +80,13 @@ def _diloco_traffic(recipe: Recipe) -> Traffic:
 def _dp_learner(recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> LearnerSync:
     from dlc.algo.blocking.learner import DataParallelSync
 
-    return DataParallelSync(recipe, learner, transport, syncer)
+    return DataParallelSync(recipe, learner, transport, syncer, _dp_traffic(recipe))
 
 
 def _diloco_learner(recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> LearnerSync:
     from dlc.algo.blocking.learner import BlockingDiLoCoSync
 
-    return BlockingDiLoCoSync(recipe, learner, transport, syncer)
+    return BlockingDiLoCoSync(recipe, learner, transport, syncer, _diloco_traffic(recipe))
 
 
 def _dp_syncer(

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dlc.algo.blocking.messages import Contribution, GlobalModel
+from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan, shapes_of
@@ -36,17 +37,16 @@ class BlockingLearnerSync:
 
     gradient = False  # dp sends gradients; diloco sends outer gradients
 
-    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any, every: int) -> None:
+    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any, traffic: Traffic) -> None:
         self.learner = learner
         self.transport = transport
         self._push: RemoteMethod = syncer.push
-        self.every = every
+        self.every = traffic.interval_steps
         self.host = flatten_params(learner.params)  # host copies: shapes for scatter, structure for unflatten
         self.like = unflatten_params(self.host, learner.params)
         self.plan = FragmentPlan.build(shapes_of(self.host), 1)
-        codec = recipe.blocking.dp_codec if self.gradient else recipe.syncer.codec
-        self.codec = get_codec(codec, recipe.syncer.codec_block_values)
-        self.down_codec = get_codec(recipe.blocking.dp_codec if self.gradient else recipe.syncer.down_codec)
+        self.codec = get_codec(traffic.up_codec, recipe.syncer.codec_block_values)
+        self.down_codec = get_codec(traffic.down_codec)
         self.inbox: queue.SimpleQueue[GlobalModel] = queue.SimpleQueue()
         self.version: int | None = None  # None: not admitted yet, the next model is the first
         self.anchor: np.ndarray | None = None
@@ -193,17 +193,11 @@ class BlockingLearnerSync:
 class DataParallelSync(BlockingLearnerSync):
     gradient = True
 
-    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> None:
-        super().__init__(recipe, learner, transport, syncer, every=1)
-
     def local_step(self) -> np.ndarray:
         return self.flat(self.learner.compute_gradient())
 
 
 class BlockingDiLoCoSync(BlockingLearnerSync):
-    def __init__(self, recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> None:
-        super().__init__(recipe, learner, transport, syncer, every=recipe.syncer.sync_interval_steps)
-
     def local_step(self) -> np.ndarray | None:
         self.learner.train_step()
         if self.learner.step % self.every:

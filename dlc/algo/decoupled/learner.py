@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dlc.algo.decoupled.messages import MergedFragment, Push
+from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
@@ -37,17 +38,23 @@ class DecoupledLearnerSync:
     """Per-learner protocol state: anchors, versions, counters since the last push."""
 
     def __init__(
-        self, recipe: Recipe, learner: Learner, plan: FragmentPlan, transport: Transport, push: RemoteMethod
+        self,
+        recipe: Recipe,
+        learner: Learner,
+        plan: FragmentPlan,
+        transport: Transport,
+        push: RemoteMethod,
+        traffic: Traffic,
     ) -> None:
         cfg = recipe.syncer
         self.learner = learner
         self.plan = plan
         self.view = ParamView(learner.params)
-        self.codec = get_codec(cfg.codec, cfg.codec_block_values)
-        self.down_codec = get_codec(cfg.down_codec)
+        self.codec = get_codec(traffic.up_codec, cfg.codec_block_values)
+        self.down_codec = get_codec(traffic.down_codec)
         self.transport = transport
         self._push = push
-        self.H, self.tau = cfg.sync_interval_steps, cfg.overlap_steps
+        self.H, self.tau = traffic.interval_steps, cfg.overlap_steps
         self.adopt_mode, self.mix_alpha = cfg.adopt, cfg.mix_alpha
         P = plan.num_fragments
         self.anchors = [self.gather(p) for p in range(P)]

@@ -88,6 +88,7 @@ def test_quorum_then_grace_window() -> None:
     clock = ClockAt(10.0)
     rounds = book(clock, quorum=2)
     healthy = {0, 1, 2}
+    rounds.open(0)  # the syncer asked for fragment 0 at 10.0
     assert rounds.submit(push(0, seq=0)).accepted
     assert not rounds.ready_to_close(0, healthy)  # 1 of 2
     assert rounds.deadline(0, healthy) is None
@@ -113,6 +114,7 @@ def test_early_close_when_every_healthy_learner_pushed() -> None:
     clock = ClockAt(10.0)
     rounds = book(clock, quorum=2)
     healthy = {0, 1, 2}
+    rounds.open(0)
     rounds.submit(push(0, seq=0))
     clock.now = 10.5
     rounds.submit(push(1, seq=0))
@@ -126,6 +128,7 @@ def test_early_close_when_every_healthy_learner_pushed() -> None:
 def test_fewer_healthy_than_quorum() -> None:
     clock = ClockAt()
     rounds = book(clock, quorum=3)
+    rounds.open(0)
     rounds.submit(push(0, seq=0))
     # Only learner 0 healthy: quorum min(3, 1) = 1, and everyone healthy has pushed.
     assert rounds.ready_to_close(0, {0})
@@ -137,6 +140,31 @@ def test_fewer_healthy_than_quorum() -> None:
     assert rounds.deadline(0, {0, 1}) == clock.now + 1.0
 
 
+def test_a_round_closes_only_once_opened_and_counts_answers_from_the_opening() -> None:
+    clock = ClockAt(10.0)
+    rounds = book(clock, quorum=1)
+    rounds.submit(push(0, seq=0))  # came too late for the last round of fragment 0
+    rounds.submit(push(1, seq=0))
+    clock.now = 20.0
+    assert rounds.closable({0, 1}) == [] and rounds.deadline(0, {0, 1}) is None  # not asked for yet
+    rounds.open(0)
+    assert rounds.is_open(0) and not rounds.is_open(1)
+    # Pushes from before the opening do not answer it: otherwise every later round of 0 would
+    # close at its opening with pushes one round old.
+    assert rounds.deadline(0, {0, 1}) is None
+    clock.now = 20.4
+    rounds.open(0)  # asked again: the first opening stands
+    rounds.submit(push(1, seq=1))  # learner 1's answer supersedes its late push
+    assert rounds.deadline(0, {0, 1}) == pytest.approx(21.4)  # quorum 1 at 20.4, window 1 s
+    clock.now = 20.5
+    rounds.submit(push(0, seq=1))
+    assert rounds.closable({0, 1}) == [0]  # everyone healthy answered
+    result = rounds.close(0, {0, 1})
+    assert (result.opened_at, result.quorum_at) == (20.0, 20.4)
+    assert result.steps == (8, 8)  # late push and answer, from one anchor: counters add
+    assert not rounds.is_open(0)  # the next round of 0 waits for its own opening
+
+
 def test_late_push_joins_the_next_round() -> None:
     clock = ClockAt()
     rounds = book(clock)
@@ -144,7 +172,7 @@ def test_late_push_joins_the_next_round() -> None:
     assert rounds.close(0).learners == (0,)
     # Learner 1 sent from base 0 but arrives after the round closed (v_0 = 1 now).
     verdict = rounds.submit(push(1, seq=0, value=2.0))
-    assert verdict.accepted and not verdict.queued
+    assert verdict.accepted and not verdict.part
     assert rounds.pending(0) == {1}
     result = rounds.close(0)
     assert result.learners == (1,) and result.staleness == (1,)
@@ -272,33 +300,23 @@ def test_late_push_from_a_merged_anchor_counts_only_the_new_part() -> None:
     assert verdict.reason == Reject.DUPLICATE and "older" in verdict.detail
 
 
-def test_push_from_a_newer_anchor_waits_for_the_next_round() -> None:
-    rounds = book(ClockAt(), quorum=2)
+def test_pushes_from_two_anchors_are_merged_together_as_parts() -> None:
+    clock = ClockAt(10.0)
+    rounds = book(clock, quorum=2)
     rounds.submit(push(1, seq=0))
     rounds.close(0)  # v_0 = 1
-    rounds.submit(push(0, seq=0, value=1.0, base=0))  # late, from anchor 0
-    verdict = rounds.submit(push(0, seq=1, value=5.0, base=1))  # adopted v=1 since
-    assert verdict.accepted and verdict.queued
-    first = rounds.close(0)
-    assert first.learners == (0,) and first.staleness == (1,)
-    np.testing.assert_array_equal(first.deltas[0], [1.0] * SIZE)
-    assert rounds.pending(0) == {0}  # the queued push opened the next round
-    second = rounds.close(0)
-    np.testing.assert_array_equal(second.deltas[0], [5.0] * SIZE)
-    assert second.staleness == (1,) and second.version == 3
-
-
-def test_queued_push_expires_when_too_stale() -> None:
-    rounds = book(ClockAt(), max_staleness=1)
-    rounds.submit(push(1, seq=0))
-    rounds.close(0)  # v_0 = 1
-    rounds.submit(push(0, seq=0, base=1))
-    # An out-of-order push from an older base: accepted (1 behind), queued.
-    assert rounds.submit(push(0, seq=1, base=0)).queued
-    result = rounds.close(0)  # v_0 = 2: the queued push is now 2 behind
-    assert result.expired == (0,)
-    assert rounds.rejections[Reject.STALE] == 1
-    assert rounds.pending(0) == frozenset()
+    rounds.submit(push(0, seq=0, value=1.0, base=0, steps=3, tokens=300))  # late, from anchor 0
+    rounds.open(0)
+    verdict = rounds.submit(push(0, seq=1, value=5.0, base=1, steps=4, tokens=400))  # adopted v=1 since
+    assert verdict.accepted and verdict.part
+    rounds.submit(push(1, seq=1, base=1))
+    assert rounds.closable({0, 1}) == [0]  # both answered
+    result = rounds.close(0, {0, 1})
+    # Independent progress from two starting points: the deltas and the counters add up.
+    assert result.learners == (0, 1) and result.seqs == (1, 1)
+    np.testing.assert_array_equal(result.deltas[0], [6.0] * SIZE)
+    assert (result.steps[0], result.tokens[0], result.staleness[0]) == (7, 700, 1)
+    assert rounds.pending(0) == frozenset()  # nothing left behind for the next round
 
 
 def test_timings_observed_from_pushes_and_sends() -> None:
@@ -329,10 +347,9 @@ def test_forget_learner_starts_a_new_incarnation() -> None:
     rounds.forget_learner(0)
     assert rounds.last_seq(0) is None
     verdict = rounds.submit(push(0, seq=0, value=3.0))
-    assert verdict.accepted and verdict.queued and not verdict.superseded
-    np.testing.assert_array_equal(rounds.close(0).deltas[0], [1.0] * SIZE)
-    # Next round: the new push counts in full, nothing netted against the old one.
-    np.testing.assert_array_equal(rounds.close(0).deltas[0], [3.0] * SIZE)
+    assert verdict.accepted and verdict.part and not verdict.superseded
+    # The new push counts in full, beside the old one: nothing netted against it.
+    np.testing.assert_array_equal(rounds.close(0).deltas[0], [4.0] * SIZE)
 
 
 def test_close_needs_a_push_and_versions_restore() -> None:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dlc.algo.decoupled.messages import Push
+from dlc.algo.decoupled.messages import MergedFragment, Push
 from dlc.algo.decoupled.syncer import DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -31,11 +31,16 @@ def make(quorum=1, learners=2, **syncer):
     )
     plan = FragmentPlan.build(SHAPES, 2)
     initial = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)}
-    delivered = []
+    delivered = []  # merged fragments only
     clock = FakeClock()
-    syncer_ = DecoupledSyncer(
-        recipe, plan, initial, lambda m, msg: delivered.append((m, msg)) or msg.payload.nbytes, clock
-    )
+
+    def deliver(m, msg):
+        if isinstance(msg, MergedFragment):
+            delivered.append((m, msg))
+            return msg.payload.nbytes
+        return 0
+
+    syncer_ = DecoupledSyncer(recipe, plan, initial, deliver, clock)
     for m in range(learners):
         syncer_.join(m)
     return syncer_, plan, delivered, clock
@@ -49,6 +54,7 @@ def push(learner, fragment, delta, seq, steps=4, tokens=400, base=0):
 def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
     syncer, plan, delivered, clock = make(quorum=2, learners=3)
     size = plan.size(0)
+    syncer.open_round(0)  # the rounds' schedule is tested in test_decoupled_schedule.py
     syncer.push(push(0, 0, np.ones(size), seq=0, tokens=400, steps=4))
     assert syncer.tick() == 0  # 1 of K=2
     syncer.push(push(1, 0, 3 * np.ones(size), seq=0, tokens=800, steps=4))
@@ -59,7 +65,8 @@ def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
     np.testing.assert_allclose(syncer.theta[0], -2.6, rtol=1e-6)
     assert [m for m, _ in delivered] == [0, 1, 2]  # every member, contributor or not
     assert all(msg.version == 1 and msg.fragment == 0 for _, msg in delivered)
-    assert syncer.bytes_down == 3 * size * 4 and syncer.bytes_up == 2 * size * 4
+    # Down in bf16 (the default), once per round to each member: 2 bytes a value. Up: fp32 here.
+    assert syncer.bytes_down == 3 * size * 2 and syncer.bytes_up == 2 * size * 4
     assert syncer.contributed == {0: 1, 1: 1}
     closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
     assert closed[0]["contributors"] == [0, 1] and closed[0]["weights"] == [0.2, 0.8]
@@ -68,6 +75,7 @@ def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
 def test_round_closes_early_when_every_healthy_learner_pushed():
     syncer, plan, _, clock = make(quorum=1, learners=2, grace_gamma=1.0)
     syncer.book.grace.observe_step(100.0)  # a long grace window: gamma * tau * 100 s
+    syncer.open_round(1)
     syncer.push(push(0, 1, np.ones(plan.size(1)), seq=0))
     assert syncer.tick() == 0  # quorum met, waiting inside the grace window for learner 1
     syncer.push(push(1, 1, np.ones(plan.size(1)), seq=0))
@@ -76,6 +84,7 @@ def test_round_closes_early_when_every_healthy_learner_pushed():
 
 def test_silent_learner_is_not_waited_for():
     syncer, plan, _, clock = make(quorum=2, learners=2, heartbeat_timeout_s=5.0)
+    syncer.open_round(0)
     syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
     clock.now += 6.0
     syncer.heartbeat(0)  # learner 1 has been silent for 6 s > 5 s: unhealthy
@@ -86,6 +95,7 @@ def test_silent_learner_is_not_waited_for():
 def test_rejections_are_counted_and_never_merged():
     syncer, plan, _, _ = make()
     size = plan.size(0)
+    syncer.open_round(0)
     syncer.push(push(0, 0, np.ones(size), seq=0))
     syncer.push(push(0, 0, np.ones(size), seq=0))  # duplicate seq
     syncer.push(push(1, 0, np.full(size, np.nan), seq=0))  # non-finite
@@ -117,9 +127,10 @@ def test_recipe_rejects_impossible_syncer_settings():
 
 def test_slow_learner_inside_the_grace_window_is_included_beyond_it_is_not():
     # gamma 0.5, tau 1 (overlap_steps), step time 2 s, nothing else observed: window 0.5 * 1 * 2 = 1 s.
-    syncer, plan, _, clock = make(quorum=1, learners=3)
-    syncer.book.grace.observe_step(2.0)
+    syncer, plan, _, clock = make(quorum=1, learners=3, grace_gamma=0.5)
+    syncer.book.grace.step_time_s = 2.0
     size = plan.size(0)
+    syncer.open_round(0)
     syncer.push(push(0, 0, np.ones(size), seq=0))  # quorum reached at t = 0
     clock.now = 0.6
     syncer.push(push(1, 0, np.ones(size), seq=0))  # inside the window: joins this round
@@ -131,3 +142,72 @@ def test_slow_learner_inside_the_grace_window_is_included_beyond_it_is_not():
     closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
     assert closed[0]["contributors"] == [0, 1]
     assert syncer.book.pending(0) == {2}  # it makes the next round of fragment 0
+
+
+def test_the_global_step_follows_the_median_learner_and_opens_one_round_per_h_over_p_steps():
+    # P = 2, H = 4: a round every 2 global steps, fragments 0, 1, 0, 1, ...
+    syncer, _, _, clock = make(learners=3)
+    asked = []
+    syncer.deliver = lambda m, msg: asked.append((m, msg.fragment, type(msg).__name__)) or 0
+    paces = {0: 0.1, 1: 0.1, 2: 0.5}  # learner 2 is five times slower: the median is 10 steps/s
+    for tick in range(1, 41):  # 4 s
+        clock.now = tick * 0.1
+        for m, pace in paces.items():
+            syncer.heartbeat(m, int(clock.now / pace + 1e-9))
+        syncer.tick()
+    # The clock starts at the first tick (0.1 s) and moves once rates are known: 3.9 s at 10 steps/s.
+    assert syncer.schedule.global_step == pytest.approx(39.0)
+    assert syncer.schedule.next_round == 19
+    requests = [a for a in asked if a[2] == "FragmentRequest"]
+    assert len(requests) == 19 * 3  # every healthy learner is asked, the slow one too
+    assert [f for m, f, _ in requests if m == 0] == [r % 2 for r in range(19)]
+
+
+def test_a_learner_that_stops_stepping_no_longer_counts_and_the_clock_goes_on():
+    syncer, _, _, clock = make(learners=2, heartbeat_timeout_s=5.0)
+    for tick in range(1, 21):
+        clock.now = tick * 0.1
+        syncer.heartbeat(0, tick)
+        syncer.heartbeat(1, min(tick, 5))  # stuck at step 5 from 0.5 s, still heartbeating
+        syncer.tick()
+    assert syncer.active() == {0, 1}  # standing still for 1.5 s: not yet idle
+    for tick in range(21, 81):
+        clock.now = tick * 0.1
+        syncer.heartbeat(0, tick)
+        syncer.heartbeat(1, 5)
+        syncer.tick()
+    assert syncer.active() == {0} and syncer.healthy() == {0, 1}
+    assert syncer.schedule.global_step > 70
+
+
+def test_int4_downlink_sends_differences_and_feeds_the_error_back():
+    syncer, plan, delivered, clock = make(learners=2, down_codec="int4", codec_block_values=4)
+    size = plan.size(0)
+    codec = get_codec("int4", 4)
+    delta = np.array([0.3, -0.1, 0.05, 0.7, 0.2, 0.2, -0.4, 0.0], np.float32)[:size]
+    syncer.open_round(0)
+    syncer.push(push(0, 0, delta, seq=0))
+    syncer.push(push(1, 0, delta, seq=0))
+    assert syncer.tick() == 1  # theta = 0 - delta
+    (m0, first), (_, same) = delivered
+    assert first is same and first.base_version == 0 and first.payload.codec == "int4"
+    sent = codec.decode(codec.encode(-delta))  # by hand: int4 blocks of 4, one fp32 scale each
+    np.testing.assert_array_equal(syncer.held[0], sent)
+    # What int4 lost stays behind and goes down with the next round of fragment 0.
+    delivered.clear()
+    syncer.open_round(0)
+    syncer.push(push(0, 0, np.zeros(size), seq=1, base=1))
+    assert syncer.tick() == 1  # nothing moves: theta stays -delta
+    second = delivered[0][1]
+    assert second.base_version == 1
+    np.testing.assert_array_equal(codec.decode(second.payload), codec.decode(codec.encode(-delta - sent)))
+    assert np.abs(syncer.held[0] + delta).max() <= np.abs(sent + delta).max()
+    # A restarted learner holds a peer's copy, no version of ours: it gets the value, whole.
+    syncer.rejoin(1)
+    delivered.clear()
+    syncer.open_round(0)
+    syncer.push(push(0, 0, np.zeros(size), seq=2, base=2))
+    syncer.tick()
+    by_learner = {m: msg for m, msg in delivered}
+    assert by_learner[0].base_version == 2 and by_learner[1].base_version is None
+    np.testing.assert_array_equal(get_codec("none").decode(by_learner[1].payload), syncer.held[0])

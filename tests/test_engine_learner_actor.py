@@ -22,6 +22,7 @@ def test_a_learner_with_no_peer_to_copy_starts_from_the_global_fragments(tmp_pat
     syncer = SyncerWorker(recipe_json, str(tmp_path))
     syncer.register(0, SimpleNamespace(deliver=Direct(lambda message: None)))
     delta = np.full(syncer.syncer.plan.size(0), 1e-2, np.float32)
+    syncer.syncer.open_round(0)  # fragment 0's round comes up; K = 1: the push closes it
     syncer.push(Push(0, 0, 0, 4, 400, 0, get_codec("none").encode(delta), sent_at=0.0))  # fragment 0 -> v1
 
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)

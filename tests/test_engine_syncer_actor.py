@@ -26,6 +26,7 @@ def worker(run_dir):
 
 def push(w, fragment, seq, base):
     delta = np.full(w.syncer.plan.size(fragment), 1e-3, np.float32)
+    w.syncer.open_round(fragment)  # the fragment's round comes up; K = 1: the push closes it
     w.push(Push(0, fragment, base, 4, 400, seq, get_codec("none").encode(delta), sent_at=0.0))
 
 
@@ -35,7 +36,7 @@ def rounds(events):
 
 def test_a_restarted_syncer_reports_rounds_its_predecessor_never_reported(tmp_path):
     first = worker(tmp_path)
-    push(first, 0, seq=0, base=0)  # K = 1: each push closes a round at once
+    push(first, 0, seq=0, base=0)
     reported = first.poll()["events"]  # the driver saw fragment 0's version 1 ...
     first.save()  # ... and it went into a checkpoint
     push(first, 0, seq=1, base=1)

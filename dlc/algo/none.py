@@ -71,4 +71,5 @@ def null_syncer(
     """The decoupled syncer with one fragment that nobody pushes to: versions stay 0, no round closes."""
     from dlc.algo.decoupled.syncer import DecoupledSyncer
 
-    return DecoupledSyncer(recipe, FragmentPlan.build(shapes_of(initial), 1), initial, deliver, clock)
+    plan = FragmentPlan.build(shapes_of(initial), 1)
+    return DecoupledSyncer(recipe, plan, initial, deliver, clock, scheduled=False)

@@ -193,7 +193,11 @@ class SyncerConfig(Section):
     )
     quorum: int = Field(1, ge=1, description="K: healthy learners whose pushes a round needs before it may close.")
     grace_gamma: float = Field(
-        0.5, ge=0, le=1, description="Grace window = gamma * (tau * step time - quorum time - sync time), each an EMA."
+        1.0,
+        ge=0,
+        le=1,
+        description="Grace window = gamma * (tau * step time - quorum time - sync time): 1 waits for late "
+        "answers as long as the merge still reaches learners by the time they adopt it.",
     )
     heartbeat_interval_s: float = Field(0.5, gt=0, description="Seconds between a learner's heartbeats.")
     heartbeat_timeout_s: float = Field(
@@ -222,8 +226,10 @@ class SyncerConfig(Section):
         "int4", description="Compression of outer gradients learner -> syncer (none = fp32)."
     )
     codec_block_values: int = Field(64, ge=2, description="Values per absmax scale block for int8 / int4.")
-    down_codec: Literal["none", "bf16"] = Field(
-        "none", description="Encoding of merged fragments syncer -> learner (none = fp32)."
+    down_codec: Literal["none", "bf16", "int8", "int4"] = Field(
+        "bf16",
+        description="Merged fragments syncer -> learner, once per round: none (fp32) or bf16 send the value; "
+        "int8 / int4 send the difference from the version the learner holds, the error fed back next round.",
     )
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved for the syncer.")
     checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")

@@ -98,7 +98,7 @@ class LearnerWorker:
     def _heartbeats(self) -> None:
         interval = self.recipe.syncer.heartbeat_interval_s
         while not self._stop.wait(interval):
-            self.syncer.heartbeat.remote(self.index)
+            self.syncer.heartbeat.remote(self.index, self.learner.step)
 
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
@@ -180,6 +180,7 @@ class LearnerWorker:
             "pid": os.getpid(),
         }
 
+    @ray.method(concurrency_group="deliveries")  # one thread: messages from the syncer stay in order
     def deliver(self, message: Any) -> None:
         self.sync.receive(message)
 
@@ -299,4 +300,4 @@ class LearnerWorker:
         return self.poll()
 
 
-LearnerActor = ray.remote(max_concurrency=4)(LearnerWorker)
+LearnerActor = ray.remote(max_concurrency=4, concurrency_groups={"deliveries": 1})(LearnerWorker)

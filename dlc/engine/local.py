@@ -83,7 +83,7 @@ class InProcessRun:
         learner.train_step()
         learner.take_records()  # the twin keeps no per-step log
         sync.after_step()
-        self.syncer.heartbeat(index)
+        self.syncer.heartbeat(index, learner.step)
 
     def step_all(self) -> None:
         """Every learner takes one step; then the clock moves on by `step_time_s` and the syncer ticks."""

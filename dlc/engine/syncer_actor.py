@@ -126,9 +126,9 @@ class SyncerWorker:
     def barrier(self) -> None:
         """Returns after every push sent before it by the same caller has been handled."""
 
-    def heartbeat(self, index: int) -> None:
+    def heartbeat(self, index: int, step: int | None = None) -> None:
         with self.lock:
-            self.syncer.heartbeat(index)
+            self.syncer.heartbeat(index, step)
 
     def _tick_loop(self) -> None:
         try:

@@ -18,7 +18,7 @@ from dlc.net.link import DelayLine, Link
 
 
 class Message(Protocol):
-    payload: Encoded
+    payload: Encoded | None  # None: a control message, counted as 0 bytes
 
 
 class RemoteMethod(Protocol):
@@ -50,7 +50,7 @@ class Transport:
 
     def send(self, method: RemoteMethod, message: Message, link: int | None = None) -> int:
         """`method.remote(message)` now, or when learner `link`'s link delivers it; returns the bytes counted."""
-        nbytes = message.payload.nbytes
+        nbytes = message.payload.nbytes if message.payload is not None else 0
         emulated = self.link(link) if link is not None else None
         if emulated is None or not (emulated.spec.emulated or emulated.impaired):
             method.remote(message)

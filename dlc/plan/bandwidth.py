@@ -244,9 +244,9 @@ def plan(setup: LinkSetup) -> list[BandwidthRow]:
 def recipe_traffic(recipe: Any) -> dict[str, float]:
     """Predicted bytes per inner step of one learner in a `dlc train` run of `recipe`.
 
-    Exact codec sizes of the recipe's own fragments: each fragment goes up once every H steps;
-    down, each fragment comes back once per round, one round per fragment every H steps when
-    rounds merge every learner (more rounds, and more bytes down, when they do not). diloco
+    Exact codec sizes of the recipe's own fragments: each fragment goes up once every H steps
+    (the syncer asks for it once per round) and comes back once per round, to every learner
+    (int8/int4 down: as a difference from the version the learner holds). diloco
     sends the whole model every H steps, dp its gradient every step (and gets the model back);
     none sends nothing.
     """
@@ -259,7 +259,7 @@ def recipe_traffic(recipe: Any) -> dict[str, float]:
     shapes = shapes_of(flatten_params(build_model(recipe.model, recipe.run.seed)[1]))
     plan = FragmentPlan.build(shapes, traffic.fragments)
     up = get_codec(traffic.up_codec, recipe.syncer.codec_block_values)
-    down = get_codec(traffic.down_codec)
+    down = get_codec(traffic.down_codec, recipe.syncer.codec_block_values)
     sizes = [plan.size(p) for p in range(plan.num_fragments)]
     params = plan.total_size
     sends = 1.0 if traffic.sends else 0.0

@@ -171,7 +171,7 @@ class BarrierSyncer(GlobalFragments):
         if learner in self.members:
             self._drop({learner}, "left")
 
-    def heartbeat(self, learner: int) -> None:
+    def heartbeat(self, learner: int, step: int | None = None) -> None:
         self.heartbeats[learner] = self.clock()
 
     def healthy(self) -> set[int]:

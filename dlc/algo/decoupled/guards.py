@@ -54,7 +54,7 @@ class GraceWindow:
         self.step_time_s = self._mix(self.step_time_s, max(0.0, seconds))
 
     def observe_quorum(self, seconds: float) -> None:
-        """A round took ``seconds`` from its first push to quorum."""
+        """A round's first answer waited ``seconds`` for quorum."""
         self.quorum_time_s = self._mix(self.quorum_time_s, max(0.0, seconds))
 
     def observe_sync(self, seconds: float) -> None:

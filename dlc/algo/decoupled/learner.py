@@ -1,11 +1,13 @@
-"""The learner's side of Decoupled DiLoCo: push due fragments, adopt merged ones.
+"""The learner's side of Decoupled DiLoCo: answer the syncer's requests, adopt merged fragments.
 
-After every inner step the host loop calls `after_step`. For each fragment p due at this step
-it sends the outer gradient `anchor[p] - theta[p]` (compressed) with the steps and tokens done
-since p was last sent, and keeps training. A merged fragment that arrives is adopted at the
-first step boundary at least `tau` steps after the learner sent p (at once if it did not send),
-and becomes the new anchor. The anchor moves only on adoption, so two pushes from one anchor
-are cumulative; the syncer's round book relies on that.
+The syncer owns the schedule. After every inner step the host loop calls `after_step`. For each
+fragment p the syncer asked for since the last step, it sends the outer gradient
+`anchor[p] - theta[p]` (compressed) with the steps and tokens done since then, and keeps
+training. A merged fragment that arrives is adopted at the first step boundary at least `tau`
+steps after the learner sent p (at once if it did not send), and becomes the new anchor. The
+anchor moves only on adoption, so two pushes from one anchor are cumulative; the syncer's round
+book relies on that. Merged fragments sent as differences are resolved against the version of
+p this learner holds, in version order, as they arrive.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dlc.algo.decoupled.messages import MergedFragment, Push
+from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -51,10 +53,9 @@ class DecoupledLearnerSync:
         self.plan = plan
         self.view = ParamView(learner.params)
         self.codec = get_codec(traffic.up_codec, cfg.codec_block_values)
-        self.down_codec = get_codec(traffic.down_codec)
         self.transport = transport
         self._push = push
-        self.H, self.tau = traffic.interval_steps, cfg.overlap_steps
+        self.tau = cfg.overlap_steps
         self.adopt_mode, self.mix_alpha = cfg.adopt, cfg.mix_alpha
         P = plan.num_fragments
         self.anchors = [self.gather(p) for p in range(P)]
@@ -63,8 +64,13 @@ class DecoupledLearnerSync:
         self.tokens_since = [0] * P
         self.seq = 0
         self.sent: dict[int, SentRecord] = {}
-        self.inbox: queue.SimpleQueue[MergedFragment] = queue.SimpleQueue()
-        self.waiting: dict[int, MergedFragment] = {}
+        self.inbox: queue.SimpleQueue[MergedFragment | FragmentRequest] = queue.SimpleQueue()
+        self.waiting: dict[int, tuple[int, np.ndarray]] = {}  # fragment -> (version, value) to adopt
+        # The newest global value of each fragment received (version, value), whatever was adopted:
+        # the base of a difference sent down. None: not known (after a copy from a peer).
+        self.held: list[tuple[int, np.ndarray] | None] = [(0, a) for a in self.anchors]
+        self.parked: dict[int, dict[int, MergedFragment]] = {}  # differences waiting for their base
+        self.requests = 0
         self.pushes = 0
         self.adopted = 0
         self.max_staleness = cfg.max_staleness
@@ -96,50 +102,81 @@ class DecoupledLearnerSync:
         self.learner.train_step()
         return self.after_step()
 
-    def receive(self, msg: MergedFragment) -> None:
-        """Called from another thread when the syncer delivers a merged fragment."""
+    def receive(self, msg: MergedFragment | FragmentRequest) -> None:
+        """Called from another thread when the syncer asks for a fragment or delivers a merged one."""
         self.inbox.put(msg)
 
     def after_step(self) -> list[dict[str, Any]]:
-        """Adopt what is due, push what is due; returns events for the run log."""
+        """Push what the syncer asked for, adopt what is due; returns events for the run log."""
         for p in range(self.plan.num_fragments):
             self.steps_since[p] += 1
             self.tokens_since[p] += self.learner.tokens_per_step
-        # Push before adopting: a fragment due now sends its progress since the old anchor,
-        # instead of having it replaced by a merge that does not contain it.
-        for p in self.plan.due(self.learner.step, self.H):
-            self.push(p)
+        requested: list[int] = []
         while not self.inbox.empty():
             msg = self.inbox.get()
+            if isinstance(msg, FragmentRequest):
+                self.requests += 1
+                if msg.fragment not in requested:
+                    requested.append(msg.fragment)
+                continue
             self._acknowledge(msg)
-            newest = self.waiting.get(msg.fragment)
-            if msg.version > self.versions[msg.fragment] and (newest is None or msg.version > newest.version):
-                self.waiting[msg.fragment] = msg
-        for p, msg in list(self.waiting.items()):
+            for version, value in self._resolve(msg):
+                newest = self.waiting.get(msg.fragment)
+                if version > self.versions[msg.fragment] and (newest is None or version > newest[0]):
+                    self.waiting[msg.fragment] = (version, value)
+        # Push before adopting: a fragment asked for now sends its progress since the old anchor,
+        # instead of having it replaced by a merge that does not contain it.
+        events = [self.push(p) for p in requested if self.steps_since[p] > 0]
+        for p, (version, value) in list(self.waiting.items()):
             sent = self.sent.get(p)
             if sent is None or self.learner.step >= sent.step + self.tau:
-                self.adopt(msg)
+                self.adopt(p, version, value)
                 del self.waiting[p]
-        return []
+        return events
 
-    def adopt(self, msg: MergedFragment) -> None:
+    def _resolve(self, msg: MergedFragment) -> list[tuple[int, np.ndarray]]:
+        """The global values (version, value) this message makes known, in version order: none
+        when it is a difference whose base has not arrived yet (it waits for it), and more than
+        one when it was the base differences parked here were waiting for."""
         p = msg.fragment
-        global_p = self.down_codec.decode(msg.payload)
+        out = []
+        while msg is not None:
+            codec = get_codec(msg.payload.codec, msg.payload.block_size or 64)
+            if msg.base_version is None:
+                value = codec.decode(msg.payload)
+            else:
+                held = self.held[p]
+                if held is None or held[0] != msg.base_version:
+                    if held is None or msg.base_version > held[0]:  # its base is still on the way
+                        self.parked.setdefault(p, {})[msg.base_version] = msg
+                    break
+                value = held[1] + codec.decode(msg.payload)
+            self.held[p] = (msg.version, value)
+            out.append((msg.version, value))
+            msg = self.parked.get(p, {}).pop(msg.version, None)
+        return out
+
+    def adopt(self, p: int, version: int, global_p: np.ndarray) -> None:
+        """Take `global_p`, fragment p's global value at `version`, as parameters (by the adopt
+        mode) and as the new anchor."""
+        sent = self.sent.get(p)
         if self.adopt_mode == "replace":
             new = global_p
         elif self.adopt_mode == "mix":
             new = self.mix_alpha * self.gather(p) + (1.0 - self.mix_alpha) * global_p
         else:  # rebase: keep the local progress made since p was sent
-            sent = self.sent.get(p)
             new = global_p if sent is None else global_p + (self.gather(p) - sent.theta)
         self.scatter(p, new.astype(np.float32))
+        if self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None):
+            # The local progress on p is gone: the next push counts from here.
+            self.steps_since[p] = self.tokens_since[p] = 0
         self.anchors[p] = global_p
-        self.versions[p] = msg.version
+        self.versions[p] = version
         self.sent.pop(p, None)
         self.adopted += 1
 
-    def push(self, p: int) -> int:
-        """Send fragment p's outer gradient; returns the bytes sent."""
+    def push(self, p: int) -> dict[str, Any]:
+        """Send fragment p's outer gradient; returns the event for the run log."""
         theta = self.gather(p)
         payload = self.codec.encode(self.anchors[p] - theta)
         push = Push(
@@ -237,6 +274,8 @@ class DecoupledLearnerSync:
         self.tokens_since = [0] * self.plan.num_fragments
         self.sent.clear()
         self.waiting.clear()
+        self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
+        self.parked.clear()
 
     def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         """After a resume: anchors become the syncer's current global fragments.
@@ -248,3 +287,7 @@ class DecoupledLearnerSync:
         self.versions = list(versions)
         self.sent.clear()
         self.waiting.clear()
+        # Only version 0, the initial parameters, is sure to be what a downlink by difference
+        # starts from; other versions arrive whole first.
+        self.held = [(0, a) if v == 0 else None for a, v in zip(self.anchors, self.versions, strict=True)]
+        self.parked.clear()

@@ -8,6 +8,19 @@ from dlc.core.codec import Encoded
 
 
 @dataclass(frozen=True)
+class FragmentRequest:
+    """Syncer -> learner: fragment p's round is open; push p at your next step boundary.
+
+    Carries no payload: the transport counts it as 0 bytes, like every header.
+    """
+
+    fragment: int
+    version: int  # v_p when the round opened
+    sent_at: float
+    payload: None = None
+
+
+@dataclass(frozen=True)
 class Push:
     """One outer gradient of one fragment from one learner."""
 
@@ -23,10 +36,15 @@ class Push:
 
 @dataclass(frozen=True)
 class MergedFragment:
-    """Syncer -> learner: the new global value of fragment p at version v."""
+    """Syncer -> learner: the new global value of fragment p at version v.
+
+    With `base_version` None the payload is the value itself; otherwise it is the difference from
+    the value at `base_version`, which the learner must hold (a compressed downlink).
+    """
 
     fragment: int
     version: int
     payload: Encoded
     sent_at: float
     merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
+    base_version: int | None = None

@@ -1,8 +1,13 @@
 """Per-fragment rounds of the syncer: validation, quorum, grace window, close.
 
-Pure bookkeeping with an injected clock: no threads, no transport. The syncer feeds
-pushes to ``RoundBook.submit``, asks ``closable(healthy)`` which rounds may close, calls
-``close(p)``, merges the result with ``dlc.algo.outer`` and reports ``mark_sent(p)``.
+Pure bookkeeping with an injected clock: no threads, no transport. The syncer opens the
+round of fragment p on its schedule (``open(p)``: it has asked every learner for p), feeds
+pushes to ``RoundBook.submit``, asks ``closable(healthy)`` which opened rounds may close,
+calls ``close(p)``, merges the result with ``dlc.algo.outer`` and reports ``mark_sent(p)``.
+Quorum, the grace window and the early close count *answers*: pushes that arrived since
+the round opened. A push that arrived before (too late for the previous round of p) is
+merged with the round all the same, but does not answer for its learner: otherwise one
+late push would close every later round of p at its opening, one round behind for good.
 
 Anchors and repeated pushes. A learner's delta is ``anchor[p] - theta[p]`` and its
 anchor only moves when it adopts a merged fragment, so two pushes of p from one learner
@@ -14,8 +19,9 @@ step and token counters, reset on every send, cover only the time in between). H
 - same learner, same base, earlier push already merged: only the part not yet merged
   counts, ``new - merged`` (the book keeps each learner's last merged payload per
   fragment, still encoded, while a push from its base could still arrive);
-- same learner, a different base (it adopted a new version in between): the two are
-  independent progress, so the new push waits for the next round of p.
+- same learner, a different base (it adopted a new version in between, while its older
+  push missed the round): the two are independent progress, so both are merged in the
+  round, as *parts* of the learner's contribution whose deltas, steps and tokens add up.
 
 A push older (by seq) than one already received from the same anchor is a
 ``duplicate``: its progress is contained in the newer one.
@@ -49,12 +55,12 @@ class Reject(StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """The answer to a push; ``queued`` means accepted for the next round of p."""
+    """The answer to a push; ``part`` means accepted beside the learner's push from another anchor."""
 
     accepted: bool
     reason: Reject | None = None
     detail: str = ""
-    queued: bool = False
+    part: bool = False
     superseded: bool = False
 
 
@@ -74,11 +80,18 @@ class _Entry:
 
 
 class Round:
-    """The open round of one fragment: at most one entry per learner."""
+    """The current round of one fragment: each learner's parts, one per anchor.
+
+    It collects pushes from the moment the previous round closed, but may only close once the
+    syncer has opened it (asked the learners for the fragment): ``opened_at`` is then set, and
+    ``answers`` records when each learner's first push after that arrived.
+    """
 
     def __init__(self, fragment: int) -> None:
         self.fragment = fragment
-        self.entries: dict[int, _Entry] = {}
+        self.entries: dict[int, list[_Entry]] = {}
+        self.opened_at: float | None = None
+        self.answers: dict[int, float] = {}
 
     @property
     def learners(self) -> frozenset[int]:
@@ -86,19 +99,23 @@ class Round:
         return frozenset(self.entries)
 
     def quorum_at(self, needed: int) -> float | None:
-        """When the ``needed``-th learner's push arrived, or None if not yet."""
-        arrivals = sorted(e.arrived_at for e in self.entries.values())
+        """When the ``needed``-th learner answered, or None if not yet."""
+        if needed < 1:
+            return None
+        arrivals = sorted(self.answers.values())
         return arrivals[needed - 1] if len(arrivals) >= needed else None
 
     def deadline(self, healthy: Collection[int], quorum: int, window_s: float) -> float | None:
-        """When the round may close without more pushes; None while short of quorum.
+        """When the round may close without more pushes; None while not open or short of quorum.
 
         Every healthy learner having pushed closes it at once (deadline -inf).
         """
+        if self.opened_at is None:
+            return None
         reached = self.quorum_at(quorum_needed(quorum, healthy))
         if reached is None:
             return None
-        if set(healthy) <= self.entries.keys():
+        if set(healthy) <= self.answers.keys():
             return -math.inf
         return reached + window_s
 
@@ -115,17 +132,16 @@ class RoundResult:
     fragment: int
     version: int  # v_p after this round; the merged fragment carries it
     learners: tuple[int, ...]
-    seqs: tuple[int, ...]  # the merged push of each contributor (a later push holds its earlier ones)
-    deltas: tuple[np.ndarray, ...]  # float32, already net of anything merged before
+    seqs: tuple[int, ...]  # each contributor's newest push merged (it holds or follows the earlier ones)
+    deltas: tuple[np.ndarray, ...]  # float32, the sum of its parts, each net of anything merged before
     tokens: tuple[int, ...]
     steps: tuple[int, ...]
-    staleness: tuple[int, ...]  # version before the round - base_version
+    staleness: tuple[int, ...]  # version before the round - the oldest base_version of its parts
     opened_at: float
     quorum_at: float | None
     closed_at: float
     grace_window_s: float  # the window allowed when it closed
     waited_s: float  # grace actually used: close - quorum
-    expired: tuple[int, ...]  # learners whose queued push went stale at this close
 
 
 class _SeqLog:
@@ -156,7 +172,6 @@ class _SeqLog:
 class _Fragment:
     version: int
     open: Round
-    queue: list[_Entry]
     outlier: NormOutlier
     closed_at: float | None = None
 
@@ -189,7 +204,7 @@ class RoundBook:
         self.step_time_from_pushes = step_time_from_pushes
         self.rejections: Counter[Reject] = Counter()
         self.rejections_by_learner: Counter[tuple[int, Reject]] = Counter()
-        self._frags = [_Fragment(v, Round(p), [], outlier()) for p, v in enumerate(versions)]
+        self._frags = [_Fragment(v, Round(p), outlier()) for p, v in enumerate(versions)]
         self._seqs: dict[int, _SeqLog] = {}
         # (learner, fragment) -> (base_version, incarnation, seq, payload) of its last
         # merged push.
@@ -207,8 +222,21 @@ class RoundBook:
         return self._frags[p].version
 
     def pending(self, p: int) -> frozenset[int]:
-        """Learners with a push in the open round of p."""
+        """Learners with a push in the current round of p."""
         return self._frags[p].open.learners
+
+    def open(self, p: int) -> None:
+        """The syncer asked the learners for p: its round may close from now on (quorum, grace).
+
+        Opening a round that is already open keeps its first opening time.
+        """
+        current = self._frags[p].open
+        if current.opened_at is None:
+            current.opened_at = self.clock()
+            current.answers.clear()
+
+    def is_open(self, p: int) -> bool:
+        return self._frags[p].open.opened_at is not None
 
     def last_seq(self, learner: int) -> int | None:
         """Highest seq seen from ``learner`` (a restarted learner may go on from it)."""
@@ -292,8 +320,8 @@ class RoundBook:
         """Non-empty when a newer push from the same anchor already holds this one."""
         frag = self._frags[push.fragment]
         anchor = (push.learner, push.base_version, self._incarnation.get(push.learner, 0))
-        entries = (frag.open.entries.get(push.learner), *frag.queue)
-        newer = [e.push.seq for e in entries if e and e.anchor == anchor]
+        entries = frag.open.entries.get(push.learner, [])
+        newer = [e.push.seq for e in entries if e.anchor == anchor]
         merged = self._merged.get((push.learner, push.fragment))
         if merged and (push.learner, *merged[:2]) == anchor:
             newer.append(merged[2])
@@ -310,19 +338,16 @@ class RoundBook:
 
     def _place(self, frag: _Fragment, entry: _Entry) -> Verdict:
         learner = entry.push.learner
-        current = frag.open.entries.get(learner)
-        if current is None:
-            frag.open.entries[learner] = entry
-            return Verdict(True)
-        if current.anchor == entry.anchor:
-            frag.open.entries[learner] = _supersede(current, entry)
-            return Verdict(True, superseded=True)
-        for i, queued in enumerate(frag.queue):
-            if queued.anchor == entry.anchor:
-                frag.queue[i] = _supersede(queued, entry)
-                return Verdict(True, queued=True, superseded=True)
-        frag.queue.append(entry)
-        return Verdict(True, queued=True)
+        round_ = frag.open
+        if round_.opened_at is not None:
+            round_.answers.setdefault(learner, entry.arrived_at)
+        parts = round_.entries.setdefault(learner, [])
+        for i, part in enumerate(parts):
+            if part.anchor == entry.anchor:
+                parts[i] = _supersede(part, entry)
+                return Verdict(True, part=len(parts) > 1, superseded=True)
+        parts.append(entry)
+        return Verdict(True, part=len(parts) > 1)
 
     def deadline(self, p: int, healthy: Collection[int]) -> float | None:
         """Clock time at which round p may close; None while short of quorum."""
@@ -338,40 +363,54 @@ class RoundBook:
         return [p for p in range(len(self._frags)) if self.ready_to_close(p, healthy)]
 
     def close(self, p: int, healthy: Collection[int] | None = None) -> RoundResult:
-        """Close round p, bump v_p and open the next round with any queued pushes.
+        """Close round p: merge every learner's parts, bump v_p, start the next round of p.
 
         ``healthy`` only refines the recorded quorum time; without it the quorum is
         taken as min(K, contributors).
         """
         frag = self._frags[p]
-        entries = sorted(frag.open.entries.values(), key=lambda e: e.push.learner)
-        if not entries:
+        round_ = frag.open
+        learners = sorted(round_.entries)
+        if not learners:
             raise ValueError(f"round of fragment {p} has no pushes to close")
         now = self.clock()
         needed = quorum_needed(self.quorum, healthy) if healthy is not None else None
-        quorum_at = frag.open.quorum_at(needed or min(self.quorum, len(entries)))
-        opened_at = min(e.arrived_at for e in entries)
+        quorum_at = round_.quorum_at(needed or min(self.quorum, len(round_.answers)))
+        arrivals = [e.arrived_at for parts in round_.entries.values() for e in parts]
+        opened_at = round_.opened_at if round_.opened_at is not None else min(arrivals)  # unopened: end of run
         if quorum_at is not None:
-            self.grace.observe_quorum(quorum_at - opened_at)
-        staleness = tuple(frag.version - e.push.base_version for e in entries)
-        deltas = tuple(self._net_delta(e) for e in entries)
-        expired = self._reopen(frag, now)
+            # How long the first answer waited for quorum: the round opens some way into each
+            # learner's step, and nobody waits for its answer to be asked for.
+            self.grace.observe_quorum(quorum_at - min(round_.answers.values()))
+        contributions = []
+        for learner in learners:
+            parts = sorted(round_.entries[learner], key=lambda e: e.push.seq)  # net in the order sent
+            contributions.append(
+                (
+                    max(e.push.seq for e in parts),
+                    sum((self._net_delta(e) for e in parts[1:]), self._net_delta(parts[0])),
+                    sum(e.tokens for e in parts),
+                    sum(e.steps for e in parts),
+                    frag.version - min(e.push.base_version for e in parts),
+                )
+            )
+        seqs, deltas, tokens, steps, staleness = zip(*contributions, strict=True)
+        self._reopen(frag)
         frag.closed_at = now
         return RoundResult(
             fragment=p,
             version=frag.version,
-            learners=tuple(e.push.learner for e in entries),
-            seqs=tuple(e.push.seq for e in entries),
+            learners=tuple(learners),
+            seqs=seqs,
             deltas=deltas,
-            tokens=tuple(e.tokens for e in entries),
-            steps=tuple(e.steps for e in entries),
+            tokens=tokens,
+            steps=steps,
             staleness=staleness,
             opened_at=opened_at,
             quorum_at=quorum_at,
             closed_at=now,
             grace_window_s=self.grace.window_s(),
             waited_s=0.0 if quorum_at is None else max(0.0, now - quorum_at),
-            expired=expired,
         )
 
     def _net_delta(self, entry: _Entry) -> np.ndarray:
@@ -384,8 +423,8 @@ class RoundBook:
             return entry.delta
         return entry.delta - self.codec.decode(before[3])
 
-    def _reopen(self, frag: _Fragment, now: float) -> tuple[int, ...]:
-        """Bump the version, open a new round, move queued pushes into it."""
+    def _reopen(self, frag: _Fragment) -> None:
+        """Bump the version and start the next round of the fragment, not yet opened."""
         frag.version += 1
         frag.open = Round(frag.open.fragment)
         # A push from a base this old would be rejected as stale: its record is dead.
@@ -393,18 +432,6 @@ class RoundBook:
         for key, (base, *_) in list(self._merged.items()):
             if key[1] == frag.open.fragment and base < oldest:
                 del self._merged[key]
-        queue, frag.queue, expired = frag.queue, [], []
-        for entry in queue:
-            push = entry.push
-            if frag.version - push.base_version > self.max_staleness:
-                self.rejections[Reject.STALE] += 1
-                self.rejections_by_learner[(push.learner, Reject.STALE)] += 1
-                expired.append(push.learner)
-                continue
-            # Queued pushes count as arriving when their round opens.
-            entry.arrived_at = now
-            self._place(frag, entry)
-        return tuple(expired)
 
     def mark_sent(self, p: int) -> None:
         """The merged fragment p has been sent: record the sync time."""

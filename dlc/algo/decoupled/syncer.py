@@ -1,4 +1,11 @@
-"""The syncer: holds the global fragments, runs rounds, merges, steps, sends back.
+"""The syncer: owns the schedule, holds the global fragments, runs rounds, merges, steps, sends back.
+
+Every tick the global step advances at the pace of the healthy learners (`schedule.Schedule`);
+when fragment p's round comes up the syncer asks every healthy learner for p (a
+`FragmentRequest`), and each answers at its next step boundary with its progress on p since it
+last adopted p. Quorum and the grace window decide when the round closes; the merged fragment
+then goes down once to every member, fp32, bf16, or as a compressed difference from the version
+the learners hold, with the compression error fed back into the next round of p.
 
 Not thread-safe and free of Ray: the engine's actor wraps it with a lock and a ticking thread,
 tests drive it with a fake clock. Every decision is reported as an event for the run log.
@@ -13,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from dlc.algo.decoupled.guards import GraceWindow
-from dlc.algo.decoupled.messages import MergedFragment, Push
+from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.rounds import RoundBook, RoundResult
+from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
 from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
 from dlc.config.schema import Recipe
@@ -24,7 +32,10 @@ from dlc.core.fragments import FragmentPlan
 # Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
 EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
 
-Deliver = Callable[[int, MergedFragment], int]  # (learner, message) -> bytes sent
+Deliver = Callable[[int, MergedFragment | FragmentRequest], int]  # (learner, message) -> bytes sent
+
+# Downlink codecs that send the difference from the version the learners hold.
+DIFF_CODECS = frozenset({"int8", "int4"})
 
 
 def counter_status(syncer: Any, now: float) -> dict[str, Any]:
@@ -49,13 +60,24 @@ class DecoupledSyncer(GlobalFragments):
         initial: dict[str, np.ndarray],
         deliver: Deliver,
         clock: Callable[[], float],
+        scheduled: bool = True,
     ) -> None:
         cfg = recipe.syncer
         self.cfg = cfg
         self.plan = plan
         self.deliver = deliver
         self.clock = clock
-        self.down_codec = get_codec(cfg.down_codec)
+        self.down_codec = get_codec(cfg.down_codec, cfg.codec_block_values)
+        self.diff_down = cfg.down_codec in DIFF_CODECS
+        self.full_codec = get_codec("none")  # a learner that holds no known version gets the value itself
+        # False: rounds open only when the caller says (the null syncer; unit tests of rounds).
+        self.scheduled = scheduled
+        self.schedule = Schedule(
+            plan.num_fragments,
+            cfg.sync_interval_steps,
+            window_s=max(2.0, 4 * cfg.heartbeat_interval_s),
+            idle_s=cfg.heartbeat_timeout_s,
+        )
         self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
         self.momentum = [np.zeros_like(t) for t in self.theta]
         self.outer = OuterNesterov(cfg.outer_lr, cfg.outer_momentum)
@@ -72,6 +94,11 @@ class DecoupledSyncer(GlobalFragments):
         self.events: list[dict[str, Any]] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
         self.merged_seqs: dict[int, list[int]] = {}  # recent merged seqs per learner, for restarts
+        # Downlink by difference: what the learners hold of each fragment (the global value as
+        # sent, compression error included) and the version each learner was last sent.
+        self.held = [t.copy() for t in self.theta] if self.diff_down else []
+        self.synced: dict[tuple[int, int], int] = {}
+        self.requests_sent = 0
 
     def _new_book(self, versions: list[int]) -> RoundBook:
         cfg = self.cfg
@@ -83,28 +110,50 @@ class DecoupledSyncer(GlobalFragments):
             grace=GraceWindow(gamma=cfg.grace_gamma, tau=max(cfg.overlap_steps, 1)),
             clock=self.clock,
             versions=versions,
+            step_time_from_pushes=False,  # the schedule measures step times from heartbeats
         )
 
     # -- membership and health ----------------------------------------------------------------
 
     def join(self, learner: int) -> None:
+        """A learner starts (or resumes): every learner holds version 0 of a fragment, the initial
+        parameters, so a downlink by difference can start from there."""
         self.members.add(learner)
         self.heartbeats[learner] = self.clock()
+        self.schedule.forget(learner)
+        for p, version in enumerate(self.book.versions):
+            if version == 0:
+                self.synced[(learner, p)] = 0
 
     def rejoin(self, learner: int) -> None:
-        """A restarted learner: a new incarnation whose seqs start again."""
+        """A restarted learner: a new incarnation whose seqs start again, holding a peer's copy."""
         self.book.forget_learner(learner)
         self.join(learner)
+        self._unsync(learner)  # a peer's parameters are no version of ours
 
     def leave(self, learner: int) -> None:
         self.members.discard(learner)
+        self.schedule.forget(learner)
+        self._unsync(learner)
 
-    def heartbeat(self, learner: int) -> None:
-        self.heartbeats[learner] = self.clock()
+    def _unsync(self, learner: int) -> None:
+        for key in [k for k in self.synced if k[0] == learner]:
+            del self.synced[key]
+
+    def heartbeat(self, learner: int, step: int | None = None) -> None:
+        """Learner `learner` is alive, at inner step `step` (None: it does not say)."""
+        now = self.clock()
+        self.heartbeats[learner] = now
+        if step is not None:
+            self.schedule.report(learner, step, now)
 
     def healthy(self) -> set[int]:
         now = self.clock()
         return {m for m in self.members if now - self.heartbeats.get(m, -1e18) <= self.cfg.heartbeat_timeout_s}
+
+    def active(self) -> set[int]:
+        """Healthy learners that are training (not starting up): the ones rounds count on."""
+        return self.schedule.stepping(self.healthy(), self.clock())
 
     # -- rounds --------------------------------------------------------------------------------
 
@@ -127,7 +176,7 @@ class DecoupledSyncer(GlobalFragments):
                     "kind": "push_accepted",
                     **common,
                     "bytes": push.payload.nbytes,
-                    "queued": verdict.queued,
+                    "part": verdict.part,
                     "superseded": verdict.superseded,
                 }
             )
@@ -137,12 +186,27 @@ class DecoupledSyncer(GlobalFragments):
             )
 
     def tick(self) -> int:
-        """Close every round that may close now; returns how many closed."""
-        healthy = self.healthy()
-        ready = self.book.closable(healthy)
+        """Advance the global step, open the rounds it reaches, close every round that may close
+        now; returns how many closed."""
+        active = self.active()
+        if self.scheduled:
+            for p in self.schedule.advance(self.clock(), active):
+                self.open_round(p)
+            step_time = self.schedule.step_time_s(active)
+            if step_time is not None:
+                self.book.grace.step_time_s = step_time
+        ready = self.book.closable(active)
         for p in ready:
-            self._close(p, healthy)
+            self._close(p, active)
         return len(ready)
+
+    def open_round(self, p: int) -> None:
+        """Fragment p's round comes up: ask every healthy learner for p; the round may close from now."""
+        self.book.open(p)
+        request = FragmentRequest(p, self.book.version(p), self.clock())
+        for learner in sorted(self.healthy()):
+            self.deliver(learner, request)
+            self.requests_sent += 1
 
     def flush(self) -> int:
         """Close every round holding a push, quorum or not (end of run)."""
@@ -172,7 +236,6 @@ class DecoupledSyncer(GlobalFragments):
             "waited_s": round(result.waited_s, 4),
             "tokens": list(result.tokens),
             "seqs": list(result.seqs),
-            "expired": list(result.expired),
         }
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
@@ -186,12 +249,33 @@ class DecoupledSyncer(GlobalFragments):
                     "event": event,  # the round's record survives the syncer, even undrained
                 }
             )
-        message = MergedFragment(p, result.version, self.down_codec.encode(self.theta[p]), self.clock(), pairs)
-        for learner in sorted(self.members):
-            self.bytes_down += self.deliver(learner, message)
+        self._send_down(p, result.version, pairs)
         self.book.mark_sent(p)
         self.events.append(event)
         return result
+
+    def _send_down(self, p: int, version: int, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Send fragment p at `version` once to every member, contributors or not."""
+        now = self.clock()
+        if not self.diff_down:
+            message = MergedFragment(p, version, self.down_codec.encode(self.theta[p]), now, pairs)
+            for learner in sorted(self.members):
+                self.bytes_down += self.deliver(learner, message)
+            return
+        # The difference from what the learners hold; what compression loses stays in theta - held
+        # and goes down with the next round of p (error feedback).
+        diff = self.down_codec.encode(self.theta[p] - self.held[p])
+        self.held[p] = self.held[p] + self.down_codec.decode(diff)
+        by_diff = MergedFragment(p, version, diff, now, pairs, base_version=version - 1)
+        whole: MergedFragment | None = None
+        for learner in sorted(self.members):
+            if self.synced.get((learner, p)) == version - 1:
+                message = by_diff
+            else:  # it holds no version we know: send the value itself, exactly
+                whole = whole or MergedFragment(p, version, self.full_codec.encode(self.held[p]), now, pairs)
+                message = whole
+            self.synced[(learner, p)] = version
+            self.bytes_down += self.deliver(learner, message)
 
     def _remember_merged(self, pairs: tuple[tuple[int, int], ...]) -> None:
         # Enough history to recognise a re-sent push: a push older than this would be stale.
@@ -211,6 +295,7 @@ class DecoupledSyncer(GlobalFragments):
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
             "contributed": {str(k): v for k, v in self.contributed.items()},
             "merged_seqs": {str(k): v for k, v in self.merged_seqs.items()},
+            "schedule": self.schedule.state(),
         }
 
     def replay(self, record: dict[str, Any]) -> bool:
@@ -239,6 +324,10 @@ class DecoupledSyncer(GlobalFragments):
         for learner, seqs in self.merged_seqs.items():
             for seq in seqs:
                 self.book.remember(learner, seq)
+        self.schedule.load(counters.get("schedule", {}))
+        # What the learners hold is unknown after a restart: each gets the next value whole.
+        self.synced.clear()
+        self.held = [t.copy() for t in self.theta] if self.diff_down else []
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -251,6 +340,7 @@ class DecoupledSyncer(GlobalFragments):
             "versions": list(self.book.versions),
             "quorum": self.cfg.quorum,
             "healthy": sorted(self.healthy()),
+            "global_step": round(self.schedule.global_step, 1),
             "grace_window_s": round(self.book.grace.window_s(), 4),
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
             **counter_status(self, now),

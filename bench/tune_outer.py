@@ -1,6 +1,7 @@
 """Compare outer-optimizer settings with the in-process twin (deterministic, no Ray).
 
     python bench/tune_outer.py --learners 4 --steps 300 outer_lr=0.7,outer_momentum=0.9 outer_lr=1.0,outer_momentum=0
+    python bench/tune_outer.py --set model.width=128 --steps 200 merge=rda   # another model size
 
 Each positional argument is one setting: comma-separated syncer.<key>=<value> overrides.
 Prints the global eval loss of each at equal tokens, next to one learner alone.
@@ -28,11 +29,12 @@ def main() -> None:
     ap.add_argument("--learners", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300, help="inner steps per learner")
     ap.add_argument("--baseline", action="store_true", help="also train one learner alone on M*steps steps")
+    ap.add_argument("--set", action="append", default=[], help="a recipe override for every run, e.g. model.width=128")
     args = ap.parse_args()
     for setting in args.settings:
         overrides = [f"syncer.{kv}" for kv in setting.split(",") if kv]
         recipe = load_recipe(
-            args.recipe, [f"learners.count={args.learners}", f"run.max_steps={args.steps}", *overrides]
+            args.recipe, [f"learners.count={args.learners}", f"run.max_steps={args.steps}", *args.set, *overrides]
         )
         split = split_corpus(load_corpus(recipe.data), recipe.data, args.learners, recipe.run.seed, 4096)
         run = InProcessRun(recipe, split)
@@ -48,7 +50,9 @@ def main() -> None:
             flush=True,
         )
     if args.baseline:
-        recipe = load_recipe(args.recipe, ["learners.count=1", f"run.max_steps={args.steps * args.learners}"])
+        recipe = load_recipe(
+            args.recipe, ["learners.count=1", f"run.max_steps={args.steps * args.learners}", *args.set]
+        )
         split = split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096)
         learner = Learner(recipe, 0, split.streams[0])
         for _ in range(args.steps * args.learners):

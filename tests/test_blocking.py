@@ -222,4 +222,10 @@ def test_bandwidth_prediction_follows_the_algorithm():
     H = base.syncer.sync_interval_steps
     int4 = get_codec("int4", base.syncer.codec_block_values).encoded_nbytes(n)
     assert diloco["up_bytes_per_step"] == pytest.approx(int4 / H)
+    assert diloco["down_bytes_per_step"] == pytest.approx(2 * n / H)  # the model in bf16, the default
+    # Differences from the learner's version are the decoupled syncer's: diloco sends values, in bf16.
+    int4_down = base.model_copy(
+        update={"algorithm": "diloco", "syncer": base.syncer.model_copy(update={"down_codec": "int4"})}
+    )
+    assert recipe_traffic(int4_down)["down_bytes_per_step"] == pytest.approx(2 * n / H)
     assert recipe_traffic(base.model_copy(update={"algorithm": "none"}))["up_bytes_per_step"] == 0

@@ -182,32 +182,34 @@ def test_a_learner_that_stops_stepping_no_longer_counts_and_the_clock_goes_on():
 
 def test_int4_downlink_sends_differences_and_feeds_the_error_back():
     syncer, plan, delivered, clock = make(learners=2, down_codec="int4", codec_block_values=4)
-    size = plan.size(0)
-    codec = get_codec("int4", 4)
-    delta = np.array([0.3, -0.1, 0.05, 0.7, 0.2, 0.2, -0.4, 0.0], np.float32)[:size]
+    assert plan.size(0) == 8  # two int4 blocks of 4 values, one fp32 scale each
+    theta = np.array([0.7, 0.3, -0.14, 0.0] * 2, np.float32)
     syncer.open_round(0)
-    syncer.push(push(0, 0, delta, seq=0))
-    syncer.push(push(1, 0, delta, seq=0))
-    assert syncer.tick() == 1  # theta = 0 - delta
-    (m0, first), (_, same) = delivered
+    syncer.push(push(0, 0, -theta, seq=0))
+    syncer.push(push(1, 0, -theta, seq=0))
+    assert syncer.tick() == 1  # lr 1, no momentum: theta = 0 - (-theta)
+    (_, first), (_, same) = delivered
     assert first is same and first.base_version == 0 and first.payload.codec == "int4"
-    sent = codec.decode(codec.encode(-delta))  # by hand: int4 blocks of 4, one fp32 scale each
-    np.testing.assert_array_equal(syncer.held[0], sent)
-    # What int4 lost stays behind and goes down with the next round of fragment 0.
+    # By hand: absmax 0.7 over 7 levels is a step of 0.1; -0.14 rounds to -1 step, -0.1.
+    held = [0.7, 0.3, -0.1, 0.0] * 2
+    np.testing.assert_allclose(get_codec("int4", 4).decode(first.payload), held, atol=1e-6)
+    np.testing.assert_allclose(syncer.held[0], held, atol=1e-6)
+    # The 0.04 int4 lost goes down with the next round of fragment 0, though theta does not move:
+    # absmax 0.04 over 7 levels, and -0.04 is exactly -7 steps.
     delivered.clear()
     syncer.open_round(0)
-    syncer.push(push(0, 0, np.zeros(size), seq=1, base=1))
-    assert syncer.tick() == 1  # nothing moves: theta stays -delta
+    syncer.push(push(0, 0, np.zeros(8), seq=1, base=1))
+    assert syncer.tick() == 1
     second = delivered[0][1]
     assert second.base_version == 1
-    np.testing.assert_array_equal(codec.decode(second.payload), codec.decode(codec.encode(-delta - sent)))
-    assert np.abs(syncer.held[0] + delta).max() <= np.abs(sent + delta).max()
+    np.testing.assert_allclose(get_codec("int4", 4).decode(second.payload), [0, 0, -0.04, 0] * 2, atol=1e-6)
+    np.testing.assert_allclose(syncer.held[0], theta, atol=1e-6)  # the learners now hold theta
     # A restarted learner holds a peer's copy, no version of ours: it gets the value, whole.
     syncer.rejoin(1)
     delivered.clear()
     syncer.open_round(0)
-    syncer.push(push(0, 0, np.zeros(size), seq=2, base=2))
+    syncer.push(push(0, 0, np.zeros(8), seq=2, base=2))
     syncer.tick()
-    by_learner = {m: msg for m, msg in delivered}
+    by_learner = dict(delivered)
     assert by_learner[0].base_version == 2 and by_learner[1].base_version is None
     np.testing.assert_array_equal(get_codec("none").decode(by_learner[1].payload), syncer.held[0])

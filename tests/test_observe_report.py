@@ -57,6 +57,8 @@ def test_report_of_two_runs(tmp_path):
         # 4 B x 219,520 x 400 learner steps = 351,232,000 B = 334.96 MiB, 100x the bytes sent up
         "data-parallel each way (MiB)": ["334.96", "334.96"],
         "data-parallel / ours up (x)": ["100.0", "100.0"],
+        "data-parallel / ours down (x)": ["33.5", "33.5"],  # 10,485,760 B down
+        "data-parallel / ours up + down (x)": ["50.2", "50.2"],  # 702,464,000 B / 13,998,080 B
         "faults injected": ["2", "2"],
         "error": ["-", "learner 2 died: gone"],
     }

@@ -74,7 +74,10 @@ def _dp_traffic(recipe: Recipe) -> Traffic:
 
 def _diloco_traffic(recipe: Recipe) -> Traffic:
     sync = recipe.syncer
-    return Traffic(1, sync.sync_interval_steps, sync.codec, sync.down_codec)
+    # The whole model goes down as values: differences from the learner's version (int8/int4) are
+    # the decoupled syncer's; blocking DiLoCo sends those recipes' models in bf16.
+    down = sync.down_codec if sync.down_codec in ("none", "bf16") else "bf16"
+    return Traffic(1, sync.sync_interval_steps, sync.codec, down)
 
 
 def _dp_learner(recipe: Recipe, learner: Learner, transport: Transport, syncer: Any) -> LearnerSync:

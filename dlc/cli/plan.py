@@ -367,10 +367,16 @@ def _recipe_traffic(path: Path, json_out: bool) -> None:
         ["down (syncer -> learner)", f"{traffic['down_bytes_per_step']:,.1f}"],
         ["one fp32 gradient", f"{traffic['fp32_gradient_bytes']:,.0f}"],
     ]
-    share = traffic["up_vs_fp32_gradient"]
+    share, total = traffic["up_vs_fp32_gradient"], traffic["total_vs_dp_fp32"]
+    note = "nothing is sent"
+    if share:
+        note = (
+            f"up is 1/{1 / share:.0f} of an fp32 gradient per step; up + down is 1/{1 / total:.0f} of what "
+            "data-parallel moves (an fp32 gradient up and the model down every step)"
+        )
     print_table(
         f"{path}: algorithm {recipe.algorithm}, {traffic['params']:,} parameters",
         ["per learner step", "bytes"],
         table,
-        f"up is 1/{1 / share:.0f} of an fp32 gradient per step" if share else "nothing is sent",
+        note,
     )

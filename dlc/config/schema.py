@@ -208,7 +208,9 @@ class SyncerConfig(Section):
         "tokens_per_step", description="Merge weights: uniform, by tokens, or tokens^2/steps (fair to slow learners)."
     )
     merge: Literal["mean", "rda"] = Field(
-        "mean", description="mean: weighted average of deltas; rda: radial-directional averaging per tensor."
+        "rda",
+        description="rda: radial-directional averaging per tensor (weighted mean for embeddings); mean: weighted "
+        "average of deltas.",
     )
     outer_lr: float = Field(
         1.0, gt=0, description="Outer Nesterov SGD learning rate (1.0 with momentum 0: the weighted average)."

@@ -183,7 +183,13 @@ def _syncer_panel(snap: dict[str, Any]) -> Panel:
     if each_way is None:
         lines.append("data-parallel equivalent: - (no model section in recipe.yaml)")
     else:
-        saving = f" ({each_way / s['bytes_up']:,.0f}x our up)" if s["bytes_up"] else ""
+        up, down = s["bytes_up"], s["bytes_down"]
+        saving = ""
+        if up and down:
+            both, each = 2 * each_way / (up + down), (each_way / up, each_way / down)
+            saving = f", {both:,.0f}x ours (up {each[0]:,.0f}x, down {each[1]:,.0f}x)"
+        elif up:
+            saving = f", {each_way / up:,.0f}x our up"
         lines.append(f"data-parallel: {fmt_bytes(each_way)} each way{saving}")
     return Panel("\n".join(lines), title="syncer", title_align="left")
 

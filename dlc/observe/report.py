@@ -273,6 +273,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
     s = run.state
     sync = s.get("syncer") or {}
     up = s.get("bytes_up", sync.get("bytes_up"))
+    down = s.get("bytes_down", sync.get("bytes_down", 0))
     steps = sum(int(r.get("step") or 0) for r in s.get("learners") or [])
     dp = dp_equivalent_bytes(run.params, steps)
     rejected = s.get("pushes_rejected", sync.get("rejections")) or {}
@@ -297,9 +298,11 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("pushes accepted", _fmt(s.get("pushes_accepted", sync.get("pushes_accepted")))),
         ("pushes rejected", _fmt(sum(rejected.values()))),
         ("bytes up (MiB)", _fmt(None if up is None else up / MIB, 2)),
-        ("bytes down (MiB)", _fmt(s.get("bytes_down", sync.get("bytes_down", 0)) / MIB, 2)),
+        ("bytes down (MiB)", _fmt(down / MIB, 2)),
         ("data-parallel each way (MiB)", _fmt(None if dp is None else dp / MIB, 2)),
         ("data-parallel / ours up (x)", _fmt(dp / up if dp and up else None, 1)),
+        ("data-parallel / ours down (x)", _fmt(dp / down if dp and down else None, 1)),
+        ("data-parallel / ours up + down (x)", _fmt(2 * dp / (up + down) if dp and up and down else None, 1)),
         ("faults injected", _fmt(sum(1 for c in run.chaos if c.get("phase") == "injected"))),
         ("error", (str(s.get("error") or "-").splitlines() or ["-"])[0].replace("|", "/")),
     ]

@@ -271,4 +271,6 @@ def recipe_traffic(recipe: Any) -> dict[str, float]:
         "down_bytes_per_step": down_bytes,
         "fp32_gradient_bytes": 4 * params,
         "up_vs_fp32_gradient": up_bytes / (4 * params),
+        # data-parallel moves an fp32 gradient up and the model down every step
+        "total_vs_dp_fp32": (up_bytes + down_bytes) / (8 * params),
     }

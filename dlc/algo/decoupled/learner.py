@@ -153,7 +153,10 @@ class DecoupledLearnerSync:
                 value = held[1] + codec.decode(msg.payload)
             self.held[p] = (msg.version, value)
             out.append((msg.version, value))
-            msg = self.parked.get(p, {}).pop(msg.version, None)
+            parked = self.parked.get(p, {})
+            for base in [b for b in parked if b < msg.version]:  # bases this value superseded
+                del parked[base]
+            msg = parked.pop(msg.version, None)
         return out
 
     def adopt(self, p: int, version: int, global_p: np.ndarray) -> None:
@@ -255,6 +258,13 @@ class DecoupledLearnerSync:
         self.steps_since = list(meta["steps_since"])
         self.tokens_since = list(meta["tokens_since"])
         self.seq = int(meta["seq"])
+        self._hold_known()
+
+    def _hold_known(self) -> None:
+        """Forget what was received: only version 0, the initial parameters, is sure to be what a
+        downlink by difference starts from; other versions arrive whole first."""
+        self.held = [(0, a) if v == 0 else None for a, v in zip(self.anchors, self.versions, strict=True)]
+        self.parked.clear()
 
     def peer_view(self) -> tuple[list[np.ndarray], list[int]]:
         """This learner's current fragments and versions, for a peer that copies it."""
@@ -287,7 +297,4 @@ class DecoupledLearnerSync:
         self.versions = list(versions)
         self.sent.clear()
         self.waiting.clear()
-        # Only version 0, the initial parameters, is sure to be what a downlink by difference
-        # starts from; other versions arrive whole first.
-        self.held = [(0, a) if v == 0 else None for a, v in zip(self.anchors, self.versions, strict=True)]
-        self.parked.clear()
+        self._hold_known()

@@ -48,7 +48,7 @@ def test_healthy_run_frame(tmp_path):
     assert "sent up 3.35 MiB (34.3 KiB/s)" in text and "sent down 10.00 MiB (102.4 KiB/s)" in text
     # 4 B x 219,520 params x 400 learner steps = 351,232,000 B = 334.96 MiB each way: 100x the
     # 3,512,320 B sent up, 33.5x the 10,485,760 B sent down, 702,464,000 / 13,998,080 = 50.2x both.
-    assert "data-parallel: 334.96 MiB each way, 50x ours (up 100x, down 33x)" in text
+    assert "data-parallel: 334.96 MiB each way" in text and "50x ours in all (up 100x, down 33x)" in text
     assert "no faults recorded" in text
     assert "updated 0.5s ago" in text and "q or Ctrl-C quits" not in text
     assert "q or Ctrl-C quits" in frame(tmp_path / "healthy", interactive=True)

@@ -184,13 +184,12 @@ def _syncer_panel(snap: dict[str, Any]) -> Panel:
         lines.append("data-parallel equivalent: - (no model section in recipe.yaml)")
     else:
         up, down = s["bytes_up"], s["bytes_down"]
-        saving = ""
+        lines.append(f"data-parallel: {fmt_bytes(each_way)} each way")
         if up and down:
             both, each = 2 * each_way / (up + down), (each_way / up, each_way / down)
-            saving = f", {both:,.0f}x ours (up {each[0]:,.0f}x, down {each[1]:,.0f}x)"
+            lines.append(f"  {both:,.0f}x ours in all (up {each[0]:,.0f}x, down {each[1]:,.0f}x)")
         elif up:
-            saving = f", {each_way / up:,.0f}x our up"
-        lines.append(f"data-parallel: {fmt_bytes(each_way)} each way{saving}")
+            lines.append(f"  {each_way / up:,.0f}x our up")
     return Panel("\n".join(lines), title="syncer", title_align="left")
 
 

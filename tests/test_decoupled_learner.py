@@ -121,6 +121,11 @@ def test_differences_sent_down_resolve_in_version_order_against_the_held_value()
     sync.after_step()
     assert sync.versions[p] == 3
     np.testing.assert_array_equal(sync.gather(p), 1.0)
+    # An older whole value that overtook nothing newer is dropped: what is held never goes back.
+    sync.receive(MergedFragment(p, 2, get_codec("none").encode(np.zeros(base.size, np.float32)), 0.0))
+    sync.learner.train_step()
+    sync.after_step()
+    assert sync.held[p][0] == 3 and sync.versions[p] == 3
 
 
 def test_bandwidth_prediction_equals_bytes_sent():

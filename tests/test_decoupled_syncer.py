@@ -213,3 +213,64 @@ def test_int4_downlink_sends_differences_and_feeds_the_error_back():
     by_learner = dict(delivered)
     assert by_learner[0].base_version == 2 and by_learner[1].base_version is None
     np.testing.assert_array_equal(get_codec("none").decode(by_learner[1].payload), syncer.held[0])
+
+
+def test_after_a_syncer_restart_every_learner_gets_each_fragment_whole_first():
+    # A live learner registered with a restarted syncer may have copied a peer since it started:
+    # even at version 0 its fragments are not the initial parameters, so no difference can start there.
+    syncer, plan, delivered, _ = make(learners=1, down_codec="int4", codec_block_values=4)
+    syncer.join(0, holds_initial=False)
+    syncer.open_round(0)
+    syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
+    syncer.tick()
+    assert delivered[0][1].base_version is None  # whole
+    delivered.clear()
+    syncer.open_round(0)
+    syncer.push(push(0, 0, np.ones(plan.size(0)), seq=1, base=1))
+    syncer.tick()
+    assert delivered[0][1].base_version == 1  # from then on, differences
+
+
+def test_quorum_holds_when_every_learner_pauses_at_once():
+    syncer, plan, _, clock = make(quorum=2, learners=2)
+    for tick in range(1, 11):
+        clock.now = tick * 0.1
+        syncer.heartbeat(0, tick)
+        syncer.heartbeat(1, tick)
+    for tick in range(11, 81):  # both stand still for 7 s (a checkpoint), still heartbeating
+        clock.now = tick * 0.1
+        syncer.heartbeat(0, 10)
+        syncer.heartbeat(1, 10)
+    assert syncer.schedule.stepping({0, 1}, clock.now) == set()
+    assert syncer.active() == {0, 1}  # the healthy ones: K = 2 still means two
+    syncer.open_round(0)
+    syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
+    for _ in range(20):  # 2 s more of the pause: the round waits for the second learner
+        clock.now += 0.1
+        syncer.heartbeat(0, 10)
+        syncer.heartbeat(1, 10)
+        assert syncer.tick() == 0
+
+
+def test_a_learner_that_steps_slower_than_the_rate_window_keeps_a_rate_and_counts():
+    syncer, _, _, clock = make(learners=1)
+    for tick in range(0, 81):  # 40 s of heartbeats every 0.5 s; one step every 8 s
+        clock.now = tick * 0.5
+        syncer.heartbeat(0, int(clock.now // 8))
+    assert syncer.schedule.rate({0}) == pytest.approx(1 / 8)
+    assert syncer.schedule.stepping({0}, clock.now) == {0}  # 0 s since its last step of 8
+
+
+def test_a_learner_back_while_a_round_is_open_is_asked_for_the_fragment():
+    syncer, _, _, clock = make(learners=2, heartbeat_timeout_s=5.0)
+    asked = []
+    syncer.deliver = lambda m, msg: asked.append((m, msg.fragment)) or 0
+    clock.now = 6.0
+    syncer.heartbeat(0)  # learner 1 silent for 6 s: not healthy
+    syncer.open_round(1)
+    assert asked == [(0, 1)]
+    syncer.heartbeat(1)  # back
+    syncer.tick()
+    assert asked == [(0, 1), (1, 1)]
+    syncer.tick()
+    assert asked == [(0, 1), (1, 1)]  # once

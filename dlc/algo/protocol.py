@@ -49,7 +49,7 @@ class Syncer(Protocol):
     rounds_closed: int
     journal: Callable[[dict[str, Any]], None] | None
 
-    def join(self, learner: int) -> None: ...
+    def join(self, learner: int, holds_initial: bool = True) -> None: ...  # False: its state is unknown
     def rejoin(self, learner: int) -> None: ...  # a new incarnation of `learner`
     def leave(self, learner: int) -> None: ...
     def heartbeat(self, learner: int, step: int | None = None) -> None: ...  # step: where it is

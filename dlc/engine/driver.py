@@ -266,7 +266,7 @@ class Driver:
         syncer = SyncerActor.options(num_cpus=self.recipe.syncer.num_cpus).remote(recipe_json, str(self.rundir.path))
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
         live = self.supervisor.live()
-        ray.get([syncer.register.remote(i, h) for i, h in live.items()], timeout=60)
+        ray.get([syncer.register.remote(i, h, False) for i, h in live.items()], timeout=60)
         ray.get(syncer.start.remote(), timeout=60)
         self.syncer = self.supervisor.syncer = syncer
         refs = [h.set_syncer.remote(syncer) for h in live.values()]

@@ -100,10 +100,12 @@ class SyncerWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def register(self, index: int, handle: Any) -> None:
+    def register(self, index: int, handle: Any, holds_initial: bool = True) -> None:
+        """A learner takes part; `holds_initial`: its fragments still at version 0 are the initial
+        parameters (False after a syncer restart: it may have copied a peer since)."""
         with self.lock:
             self.learners[index] = handle
-            self.syncer.join(index)
+            self.syncer.join(index, holds_initial)
 
     def rejoin(self, index: int, handle: Any) -> None:
         """A restarted learner: a new incarnation of `index` whose seqs start again."""

@@ -153,7 +153,7 @@ class BarrierSyncer(GlobalFragments):
 
     # -- membership ----------------------------------------------------------------------------
 
-    def join(self, learner: int) -> None:
+    def join(self, learner: int, holds_initial: bool = True) -> None:
         self.known.add(learner)
         self.heartbeats[learner] = self.clock()
         if learner not in self.members:

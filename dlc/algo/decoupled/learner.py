@@ -143,6 +143,8 @@ class DecoupledLearnerSync:
         while msg is not None:
             codec = get_codec(msg.payload.codec, msg.payload.block_size or 64)
             if msg.base_version is None:
+                if self.held[p] is not None and msg.version <= self.held[p][0]:
+                    break  # an older value overtaken by a newer one: keep the newer
                 value = codec.decode(msg.payload)
             else:
                 held = self.held[p]

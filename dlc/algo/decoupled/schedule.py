@@ -18,7 +18,11 @@ from collections.abc import Collection
 
 
 class _Reports:
-    """One learner's recent (time, step) reports."""
+    """One learner's recent reports: the first, then each one whose step had grown.
+
+    Kept by step change, not by report, so a learner whose steps take longer than the window
+    (a big model, a slow chip) still has a rate: the last changes span at least two steps.
+    """
 
     def __init__(self) -> None:
         self.samples: deque[tuple[float, int]] = deque()
@@ -29,7 +33,9 @@ class _Reports:
         if self.samples and step < self.samples[-1][1]:  # a new process with another step: start over
             self.samples.clear()
             self.advanced = False
-        if self.samples and step > self.samples[-1][1]:
+        if self.samples and step == self.samples[-1][1]:
+            return
+        if self.samples:
             self.advanced = True
             self.changed_at = now
         self.samples.append((now, step))
@@ -37,7 +43,7 @@ class _Reports:
             self.samples.popleft()
 
     def rate(self) -> float | None:
-        """Steps per second over the window, or None with fewer than two reports."""
+        """Steps per second between the oldest and newest change kept, or None before two."""
         if len(self.samples) < 2:
             return None
         (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
@@ -83,7 +89,10 @@ class Schedule:
             if reports is None or not reports.samples:
                 out.add(m)
                 continue
-            if reports.advanced and now - reports.changed_at <= self.idle_s:
+            rate = reports.rate()
+            # Standing still for idle_s, or for three of its own steps when those are longer.
+            limit = max(self.idle_s, 3.0 / rate) if rate else self.idle_s
+            if reports.advanced and now - reports.changed_at <= limit:
                 out.add(m)
         return out
 

@@ -98,6 +98,7 @@ class DecoupledSyncer(GlobalFragments):
         # sent, compression error included) and the version each learner was last sent.
         self.held = [t.copy() for t in self.theta] if self.diff_down else []
         self.synced: dict[tuple[int, int], int] = {}
+        self.asked: dict[int, set[int]] = {}  # open rounds: the learners asked for the fragment
         self.requests_sent = 0
 
     def _new_book(self, versions: list[int]) -> RoundBook:
@@ -115,21 +116,22 @@ class DecoupledSyncer(GlobalFragments):
 
     # -- membership and health ----------------------------------------------------------------
 
-    def join(self, learner: int) -> None:
-        """A learner starts (or resumes): every learner holds version 0 of a fragment, the initial
-        parameters, so a downlink by difference can start from there."""
+    def join(self, learner: int, holds_initial: bool = True) -> None:
+        """A learner starts (or resumes). With `holds_initial`, its fragments still at version 0
+        are the initial parameters, so a downlink by difference can start from there; without,
+        each fragment goes to it whole first."""
         self.members.add(learner)
         self.heartbeats[learner] = self.clock()
         self.schedule.forget(learner)
+        self._unsync(learner)
         for p, version in enumerate(self.book.versions):
-            if version == 0:
+            if holds_initial and version == 0:
                 self.synced[(learner, p)] = 0
 
     def rejoin(self, learner: int) -> None:
         """A restarted learner: a new incarnation whose seqs start again, holding a peer's copy."""
         self.book.forget_learner(learner)
-        self.join(learner)
-        self._unsync(learner)  # a peer's parameters are no version of ours
+        self.join(learner, holds_initial=False)  # a peer's parameters are no version of ours
 
     def leave(self, learner: int) -> None:
         self.members.discard(learner)
@@ -152,8 +154,11 @@ class DecoupledSyncer(GlobalFragments):
         return {m for m in self.members if now - self.heartbeats.get(m, -1e18) <= self.cfg.heartbeat_timeout_s}
 
     def active(self) -> set[int]:
-        """Healthy learners that are training (not starting up): the ones rounds count on."""
-        return self.schedule.stepping(self.healthy(), self.clock())
+        """Healthy learners that are training (not starting up): the ones rounds count on. When
+        none is (every learner paused at once, say for a checkpoint), the healthy ones: quorum K
+        never falls to nobody."""
+        healthy = self.healthy()
+        return self.schedule.stepping(healthy, self.clock()) or healthy
 
     # -- rounds --------------------------------------------------------------------------------
 
@@ -192,6 +197,7 @@ class DecoupledSyncer(GlobalFragments):
         if self.scheduled:
             for p in self.schedule.advance(self.clock(), active):
                 self.open_round(p)
+            self._ask_newcomers()
             step_time = self.schedule.step_time_s(active)
             if step_time is not None:
                 self.book.grace.step_time_s = step_time
@@ -203,10 +209,23 @@ class DecoupledSyncer(GlobalFragments):
     def open_round(self, p: int) -> None:
         """Fragment p's round comes up: ask every healthy learner for p; the round may close from now."""
         self.book.open(p)
+        self.asked[p] = set()
+        self._ask(p, self.healthy())
+
+    def _ask(self, p: int, learners: set[int]) -> None:
         request = FragmentRequest(p, self.book.version(p), self.clock())
-        for learner in sorted(self.healthy()):
+        for learner in sorted(learners - self.asked[p]):
             self.deliver(learner, request)
+            self.asked[p].add(learner)
             self.requests_sent += 1
+
+    def _ask_newcomers(self) -> None:
+        """A learner that became healthy while a round was open (back from a stall, restarted) is
+        asked too: the round counts on it now."""
+        healthy = self.healthy()
+        for p in list(self.asked):
+            if healthy - self.asked[p]:
+                self._ask(p, healthy)
 
     def flush(self) -> int:
         """Close every round holding a push, quorum or not (end of run)."""
@@ -217,6 +236,7 @@ class DecoupledSyncer(GlobalFragments):
 
     def _close(self, p: int, healthy: set[int]) -> RoundResult:
         result = self.book.close(p, healthy)
+        self.asked.pop(p, None)
         weights = merge_weights(result.tokens, result.steps, self.cfg.weighting)
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
@@ -327,6 +347,7 @@ class DecoupledSyncer(GlobalFragments):
         self.schedule.load(counters.get("schedule", {}))
         # What the learners hold is unknown after a restart: each gets the next value whole.
         self.synced.clear()
+        self.asked.clear()
         self.held = [t.copy() for t in self.theta] if self.diff_down else []
 
     # -- views ---------------------------------------------------------------------------------

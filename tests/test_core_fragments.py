@@ -107,37 +107,6 @@ def test_scatter_and_gather_check_shapes() -> None:
         plan.gather({"b": np.zeros(4)}, 0)
 
 
-def test_schedule_p_equals_h() -> None:
-    # P = H = 4: phase_p = ceil((p + 1) * 4 / 4) = p + 1: one fragment every step.
-    plan = FragmentPlan.build({f"t{i}": (10,) for i in range(4)}, 4)
-    assert [plan.due(t, 4) for t in range(0, 10)] == [
-        [], [0], [1], [2], [3], [0], [1], [2], [3], [0],
-    ]  # fmt: skip
-
-
-def test_schedule_p_less_than_h() -> None:
-    # P = 2, H = 8: phases ceil(8/2) = 4 and ceil(16/2) = 8: one fragment every 4 steps.
-    plan = FragmentPlan.build({"x": (10,), "y": (10,)}, 2)
-    due = {t: plan.due(t, 8) for t in range(1, 17) if plan.due(t, 8)}
-    assert due == {4: [0], 8: [1], 12: [0], 16: [1]}
-
-
-def test_schedule_p_greater_than_h() -> None:
-    # P = 8, H = 4: phase_p = ceil((p + 1) / 2) = 1,1,2,2,3,3,4,4: two fragments a step.
-    plan = FragmentPlan.build({f"t{i}": (10,) for i in range(8)}, 8)
-    assert [plan.due(t, 4) for t in range(1, 6)] == [
-        [0, 1], [2, 3], [4, 5], [6, 7], [0, 1],
-    ]  # fmt: skip
-
-
-@pytest.mark.parametrize(("num_fragments", "inner_steps"), [(3, 8), (5, 5), (7, 3)])
-def test_every_fragment_due_once_per_window(num_fragments: int, inner_steps: int) -> None:
-    plan = FragmentPlan.build({f"t{i}": (10,) for i in range(num_fragments)}, num_fragments)
-    for start in range(1, 2 * inner_steps):
-        window = [p for t in range(start, start + inner_steps) for p in plan.due(t, inner_steps)]
-        assert sorted(window) == list(range(num_fragments))
-
-
 def test_plan_serialisation_and_fingerprint() -> None:
     shapes = transformer_shapes(fused_qkv=True)
     plan = FragmentPlan.build(shapes, 8)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from dlc.algo.decoupled.schedule import Schedule
 from dlc.core.data import load_corpus, split_corpus
 from dlc.engine.local import InProcessRun
 from tests.helpers import twin_recipe
@@ -83,3 +84,33 @@ def test_a_frozen_learner_does_not_slow_the_global_step():
     calm = make()
     calm.run_until(6.0)
     assert frozen.syncer.schedule.global_step >= 0.95 * calm.syncer.schedule.global_step
+
+
+def rounds_by_global_step(fragments: int, interval: int, steps: int) -> dict[int, list[int]]:
+    """The fragments whose rounds open at each global step, one learner at one step a second."""
+    schedule = Schedule(fragments, interval)
+    schedule.report(0, 0, -1.0)
+    schedule.report(0, 1, 0.0)
+    schedule.advance(0.0, {0})
+    opened = {}
+    for t in range(1, steps + 1):
+        schedule.report(0, t + 1, float(t))
+        opened[t] = schedule.advance(float(t), {0})
+    return opened
+
+
+def test_the_clock_staggers_fragments_one_every_h_over_p_steps():
+    # P = H = 4: one fragment every global step.
+    assert list(rounds_by_global_step(4, 4, 9).values()) == [[0], [1], [2], [3], [0], [1], [2], [3], [0]]
+    # P = 2, H = 8: one fragment every 4 steps.
+    assert {t: f for t, f in rounds_by_global_step(2, 8, 16).items() if f} == {4: [0], 8: [1], 12: [0], 16: [1]}
+    # P = 8, H = 4: two fragments a step.
+    assert list(rounds_by_global_step(8, 4, 5).values()) == [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1]]
+
+
+@pytest.mark.parametrize(("fragments", "interval"), [(3, 8), (5, 5), (7, 3)])
+def test_every_fragment_comes_up_once_per_h_global_steps(fragments: int, interval: int) -> None:
+    opened = rounds_by_global_step(fragments, interval, 3 * interval)
+    for start in range(1, 2 * interval):
+        window = [p for t in range(start, start + interval) for p in opened[t]]
+        assert sorted(window) == list(range(fragments))

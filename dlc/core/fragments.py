@@ -185,24 +185,6 @@ class FragmentPlan:
             self.scatter(params, p, vector)
         return params
 
-    def phase(self, p: int, inner_steps: int) -> int:
-        """First step (1..H) at which fragment p is due; it recurs every H steps.
-
-        ceil((p + 1) * H / P) spreads the P phases evenly over 1..H and puts the last
-        fragment at step H, so every fragment's first push covers at least H/P steps.
-        """
-        if inner_steps < 1:
-            raise ValueError(f"H={inner_steps} must be at least 1")
-        if not 0 <= p < self.num_fragments:
-            raise IndexError(f"fragment {p} out of range 0..{self.num_fragments - 1}")
-        return -(-(p + 1) * inner_steps // self.num_fragments)
-
-    def due(self, step: int, inner_steps: int) -> list[int]:
-        """Fragments due after optimizer step ``step`` (1-based), ascending."""
-        if step < 1:
-            return []
-        return [p for p in range(self.num_fragments) if (step - self.phase(p, inner_steps)) % inner_steps == 0]
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description; ``from_dict`` rebuilds an equal plan."""
         return {

@@ -68,8 +68,9 @@ class DecoupledLearnerSync:
         self.waiting: dict[int, tuple[int, np.ndarray]] = {}  # fragment -> (version, value) to adopt
         # The newest global value of each fragment received (version, value), whatever was adopted:
         # the base of a difference sent down. None: not known (after a copy from a peer).
-        self.held: list[tuple[int, np.ndarray] | None] = [(0, a) for a in self.anchors]
+        self.held: list[tuple[int, np.ndarray] | None] = []
         self.parked: dict[int, dict[int, MergedFragment]] = {}  # differences waiting for their base
+        self._hold_known()
         self.requests = 0
         self.pushes = 0
         self.adopted = 0

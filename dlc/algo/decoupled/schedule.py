@@ -86,7 +86,7 @@ class Schedule:
         out = set()
         for m in learners:
             reports = self._reports.get(m)
-            if reports is None or not reports.samples:
+            if reports is None:
                 out.add(m)
                 continue
             rate = reports.rate()

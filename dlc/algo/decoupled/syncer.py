@@ -153,11 +153,11 @@ class DecoupledSyncer(GlobalFragments):
         now = self.clock()
         return {m for m in self.members if now - self.heartbeats.get(m, -1e18) <= self.cfg.heartbeat_timeout_s}
 
-    def active(self) -> set[int]:
+    def active(self, healthy: set[int] | None = None) -> set[int]:
         """Healthy learners that are training (not starting up): the ones rounds count on. When
         none is (every learner paused at once, say for a checkpoint), the healthy ones: quorum K
         never falls to nobody."""
-        healthy = self.healthy()
+        healthy = self.healthy() if healthy is None else healthy
         return self.schedule.stepping(healthy, self.clock()) or healthy
 
     # -- rounds --------------------------------------------------------------------------------
@@ -193,11 +193,13 @@ class DecoupledSyncer(GlobalFragments):
     def tick(self) -> int:
         """Advance the global step, open the rounds it reaches, close every round that may close
         now; returns how many closed."""
-        active = self.active()
+        healthy = self.healthy()
+        active = self.active(healthy)
         if self.scheduled:
             for p in self.schedule.advance(self.clock(), active):
-                self.open_round(p)
-            self._ask_newcomers()
+                self.open_round(p, healthy)
+            for p in list(self.asked):  # a learner healthy again while p's round is open is asked too
+                self._ask(p, healthy)
             step_time = self.schedule.step_time_s(active)
             if step_time is not None:
                 self.book.grace.step_time_s = step_time
@@ -206,26 +208,22 @@ class DecoupledSyncer(GlobalFragments):
             self._close(p, active)
         return len(ready)
 
-    def open_round(self, p: int) -> None:
+    def open_round(self, p: int, healthy: set[int] | None = None) -> None:
         """Fragment p's round comes up: ask every healthy learner for p; the round may close from now."""
         self.book.open(p)
         self.asked[p] = set()
-        self._ask(p, self.healthy())
+        self._ask(p, self.healthy() if healthy is None else healthy)
 
     def _ask(self, p: int, learners: set[int]) -> None:
+        """Ask those of `learners` not asked yet in p's open round for fragment p."""
+        new = learners - self.asked[p]
+        if not new:
+            return
         request = FragmentRequest(p, self.book.version(p), self.clock())
-        for learner in sorted(learners - self.asked[p]):
+        for learner in sorted(new):
             self.deliver(learner, request)
-            self.asked[p].add(learner)
             self.requests_sent += 1
-
-    def _ask_newcomers(self) -> None:
-        """A learner that became healthy while a round was open (back from a stall, restarted) is
-        asked too: the round counts on it now."""
-        healthy = self.healthy()
-        for p in list(self.asked):
-            if healthy - self.asked[p]:
-                self._ask(p, healthy)
+        self.asked[p] |= new
 
     def flush(self) -> int:
         """Close every round holding a push, quorum or not (end of run)."""

@@ -60,13 +60,13 @@ def test_adopt_modes_by_hand(mode):
     size = sync.plan.size(p)
     s = np.full(size, 1.0, np.float32)  # theta[p] when sent
     sync.scatter(p, s)
-    sync.sent[p] = SentRecord(step=sync.learner.step, theta=s.copy())
+    sync.sent[p] = SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s))
     sync.scatter(p, s + 0.5)  # local progress d = 0.5 while the fragment was in flight
     G = np.full(size, 3.0, np.float32)
     sync.adopt(p, 1, G)
     expected = {"replace": 3.0, "mix": 0.25 * 1.5 + 0.75 * 3.0, "rebase": 3.0 + 0.5}[mode]
     np.testing.assert_allclose(sync.gather(p), expected, rtol=1e-6)
-    np.testing.assert_allclose(sync.anchors[p], 3.0)  # the anchor is the global value
+    np.testing.assert_allclose(sync.ops.to_host(p, sync.anchors[p]), 3.0)  # the anchor is the global value
     assert sync.versions[p] == 1
 
 

@@ -37,6 +37,9 @@ class NoSync:
     def receive(self, message: Any) -> None:
         raise AssertionError("algorithm none delivers no messages")
 
+    def start_background(self) -> None:
+        """Nothing runs off the loop's thread here."""
+
     def push_outstanding(self) -> int:
         return 0
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dlc.config.schema import Recipe
@@ -40,8 +39,11 @@ class Learner:
         self.pace_s = recipe.learners.resolved(index).step_time_s
         self.graphdef, params = build_model(recipe.model, recipe.run.seed)
         self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
-        self.params: Params = jax.device_put(params)
-        self.opt_state: Any = self.optimizer.init(self.params)
+        # Every array the jitted functions see is committed to this device: jit compiles a
+        # function once per mix of committed and uncommitted inputs.
+        self.device = jax.devices()[0]
+        self.params: Params = self.place(params)
+        self.opt_state: Any = self.place(self.optimizer.init(self.params))
         self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
         self._train_step = make_train_step(self.graphdef, self.optimizer)
         self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
@@ -50,6 +52,10 @@ class Learner:
         self._pending: tuple[int, int, dict[str, jax.Array], float] | None = None
         self._finished: list[StepRecord] = []  # records not yet collected by the host loop
         self._last_start = 0.0
+
+    def place(self, tree: Any) -> Any:
+        """Host or device arrays, committed to this learner's device."""
+        return jax.device_put(tree, self.device)
 
     @property
     def tokens_per_step(self) -> int:
@@ -93,7 +99,7 @@ class Learner:
     def set_params(self, params: Params) -> None:
         """Replace the parameters with host arrays of the same structure (the global model)."""
         self.flush()
-        self.params = jax.tree_util.tree_map(jnp.asarray, params)
+        self.params = self.place(params)
 
     def flush(self) -> StepRecord | None:
         """Wait for the step in flight and return its record."""
@@ -122,11 +128,9 @@ class Learner:
 
     def load_state(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         self.flush()
-        # Through host memory: orbax restores arrays committed to a device, while adopted fragments
-        # are written back uncommitted, and jit compiles every mix of the two anew.
         host = jax.device_get(tree)
-        self.params = jax.tree_util.tree_map(jnp.asarray, host["params"])
-        self.opt_state = jax.tree_util.tree_map(jnp.asarray, host["opt_state"])
+        self.params = self.place(host["params"])
+        self.opt_state = self.place(host["opt_state"])
         self.step = int(meta["step"])
         self.tokens = int(meta["tokens"])
         self.stream.position = int(meta["data_position"])

@@ -89,6 +89,7 @@ class LearnerWorker:
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
             self.sync.rebase_on_global(global_fragments, versions)
+        self.sync.start_background()
         self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
         self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         self._thread.start()

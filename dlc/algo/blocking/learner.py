@@ -147,6 +147,9 @@ class BlockingLearnerSync:
     def receive(self, message: GlobalModel) -> None:
         self.inbox.put(message)
 
+    def start_background(self) -> None:
+        """Nothing runs off the loop's thread here."""
+
     def push_outstanding(self) -> int:
         """At the end of a run: send the steps not yet sent (diloco's last partial interval)."""
         if self.gradient or self.steps_since == 0 or self.version is None or self.outstanding is not None:

@@ -8,6 +8,12 @@ steps after the learner sent p (at once if it did not send), and becomes the new
 anchor moves only on adoption, so two pushes from one anchor are cumulative; the syncer's round
 book relies on that. Merged fragments sent as differences are resolved against the version of
 p this learner holds, in version order, as they arrive.
+
+The step loop never waits for the device or the network (`dlc.core.fragment_ops`): a push is one
+jitted extraction dispatched after the step, whose result a sender thread copies to the host and
+sends; a merged fragment is decoded and put on the device by the thread that receives it, and
+swapped in at a step boundary by one jitted, donating write. With `background=False` (the
+in-process twin, tests) the same work happens inline, in order.
 """
 
 from __future__ import annotations
@@ -15,15 +21,18 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
+from dlc.core.fragment_ops import FragmentOps
 from dlc.core.fragments import FragmentPlan
 from dlc.core.learner import Learner
 from dlc.core.model import ParamView
@@ -33,7 +42,29 @@ from dlc.net.transport import RemoteMethod, Transport
 @dataclass
 class SentRecord:
     step: int
-    theta: np.ndarray  # theta[p] at send, for adopt=rebase
+    theta: jax.Array  # theta[p] at send, padded, on the device: for adopt=rebase
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """A merged fragment made known by a delivery, already on the device."""
+
+    fragment: int
+    version: int
+    value: jax.Array  # padded to the ops' length
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A push whose payload is still on the device (or on its way to the host)."""
+
+    fragment: int
+    base_version: int
+    steps: int
+    tokens: int
+    seq: int
+    payload: Any
+    scales: Any
 
 
 class DecoupledLearnerSync:
@@ -52,36 +83,40 @@ class DecoupledLearnerSync:
         self.learner = learner
         self.plan = plan
         self.view = ParamView(learner.params)
-        self.codec = get_codec(traffic.up_codec, cfg.codec_block_values)
+        self.ops = FragmentOps(plan, learner.params, traffic.up_codec, cfg.codec_block_values, learner.device)
         self.transport = transport
         self._push = push
         self.tau = cfg.overlap_steps
         self.adopt_mode, self.mix_alpha = cfg.adopt, cfg.mix_alpha
         P = plan.num_fragments
-        self.anchors = [self.gather(p) for p in range(P)]
+        self.anchors = [self.ops.to_device(p, self.gather(p)) for p in range(P)]  # padded, on the device
         self.versions = [0] * P
         self.steps_since = [0] * P
         self.tokens_since = [0] * P
         self.seq = 0
         self.sent: dict[int, SentRecord] = {}
-        self.inbox: queue.SimpleQueue[MergedFragment | FragmentRequest] = queue.SimpleQueue()
-        self.waiting: dict[int, tuple[int, np.ndarray]] = {}  # fragment -> (version, value) to adopt
-        # The newest global value of each fragment received (version, value), whatever was adopted:
-        # the base of a difference sent down. None: not known (after a copy from a peer).
+        self.inbox: queue.SimpleQueue[Arrived | FragmentRequest] = queue.SimpleQueue()
+        self.waiting: dict[int, tuple[int, jax.Array]] = {}  # fragment -> (version, value) to adopt
+        # The newest global value of each fragment received (version, host value), whatever was
+        # adopted: the base of a difference sent down. None: not known (after a copy from a peer).
+        # Guarded by _lock, with `parked` and `unacked`: deliveries come from another thread.
+        self._lock = threading.Lock()
         self.held: list[tuple[int, np.ndarray] | None] = []
         self.parked: dict[int, dict[int, MergedFragment]] = {}  # differences waiting for their base
-        self._hold_known()
+        self._hold_known([self.gather(p) for p in range(P)])
         self.requests = 0
         self.pushes = 0
         self.adopted = 0
         self.max_staleness = cfg.max_staleness
         # Pushes the syncer has not acknowledged (by listing them in a merged fragment), kept to
-        # re-send to a restarted syncer. Guarded: pushes come from the loop thread, acks too
-        # (they are processed in after_step), reconnect from an actor thread.
+        # re-send to a restarted syncer.
         self.unacked: dict[int, Push] = {}
-        self._unacked_lock = threading.Lock()
+        self.background = False
+        self._outbox: queue.Queue[Outgoing | None] = queue.Queue()
+        self._sender: threading.Thread | None = None
+        self.failure: str | None = None  # what broke the sender thread, raised in the loop
 
-    # -- parameter access ---------------------------------------------------------------------
+    # -- parameter access (host copies: for state copies and checkpoints, never per step) -----
 
     def _names(self, p: int) -> list[str]:
         return list(dict.fromkeys(piece.name for piece in self.plan.pieces(p)))
@@ -90,13 +125,55 @@ class DecoupledLearnerSync:
         return self.plan.gather(self.view.read(self.learner.params, self._names(p)), p)
 
     def scatter(self, p: int, vector: np.ndarray) -> None:
-        tensors = self.view.read(self.learner.params, self._names(p))
-        self.plan.scatter(tensors, p, vector)
-        self.learner.params = self.view.write(self.learner.params, tensors)
+        self.learner.params = self.ops.write(self.learner.params, p, self.ops.to_device(p, vector))
+
+    # -- threads ------------------------------------------------------------------------------
+
+    def start_background(self) -> None:
+        """From now on pushes are sent, and deliveries decoded, off the step loop's thread."""
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_loop, name="sender", daemon=True)
+            self._sender.start()
+        self.background = True
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._outbox.get()
+            try:
+                if item is None:
+                    return
+                self._send(item)
+            except Exception:  # the loop raises it at its next step
+                self.failure = traceback.format_exc()
+            finally:
+                self._outbox.task_done()
+
+    def _send(self, item: Outgoing) -> None:
+        payload = self.ops.encoded(item.fragment, item.payload, item.scales)  # waits for the device
+        push = Push(
+            learner=self.learner.index,
+            fragment=item.fragment,
+            base_version=item.base_version,
+            steps=item.steps,
+            tokens=item.tokens,
+            seq=item.seq,
+            payload=payload,
+            sent_at=time.time(),
+        )
+        with self._lock:  # one ordered stream of sends, also against a reconnect re-sending
+            self.unacked[push.seq] = push
+            self.transport.send(self._push, push, link=self.learner.index)
+
+    def flush_sends(self) -> None:
+        """Wait until every push dispatched so far has been handed to the transport."""
+        if self._sender is not None:
+            self._outbox.join()
+        if self.failure:
+            raise RuntimeError(f"learner {self.learner.index} could not send a push:\n{self.failure}")
 
     # -- the protocol -------------------------------------------------------------------------
 
-    waiting_s = 0.0  # never blocks: pushes go out and merged fragments come in while it trains
+    waiting_s = 0.0  # the loop never waits for the network or the syncer (see the module doc)
     idle = None
 
     def step(self, stop: threading.Event) -> list[dict[str, Any]]:
@@ -104,11 +181,24 @@ class DecoupledLearnerSync:
         return self.after_step()
 
     def receive(self, msg: MergedFragment | FragmentRequest) -> None:
-        """Called from another thread when the syncer asks for a fragment or delivers a merged one."""
-        self.inbox.put(msg)
+        """Called from another thread when the syncer asks for a fragment or delivers a merged one.
+
+        A merged fragment is acknowledged, resolved against what is held, decoded and put on the
+        device here, so the loop only swaps it in.
+        """
+        if isinstance(msg, FragmentRequest):
+            self.inbox.put(msg)
+            return
+        with self._lock:
+            self._acknowledge(msg)
+            resolved = self._resolve(msg)
+        for version, value in resolved:
+            self.inbox.put(Arrived(msg.fragment, version, self.ops.to_device(msg.fragment, value)))
 
     def after_step(self) -> list[dict[str, Any]]:
         """Push what the syncer asked for, adopt what is due; returns events for the run log."""
+        if self.failure:
+            raise RuntimeError(f"learner {self.learner.index} could not send a push:\n{self.failure}")
         for p in range(self.plan.num_fragments):
             self.steps_since[p] += 1
             self.tokens_since[p] += self.learner.tokens_per_step
@@ -120,11 +210,9 @@ class DecoupledLearnerSync:
                 if msg.fragment not in requested:
                     requested.append(msg.fragment)
                 continue
-            self._acknowledge(msg)
-            for version, value in self._resolve(msg):
-                newest = self.waiting.get(msg.fragment)
-                if version > self.versions[msg.fragment] and (newest is None or version > newest[0]):
-                    self.waiting[msg.fragment] = (version, value)
+            newest = self.waiting.get(msg.fragment)
+            if msg.version > self.versions[msg.fragment] and (newest is None or msg.version > newest[0]):
+                self.waiting[msg.fragment] = (msg.version, msg.value)
         # Push before adopting: a fragment asked for now sends its progress since the old anchor,
         # instead of having it replaced by a merge that does not contain it.
         events = [self.push(p) for p in requested if self.steps_since[p] > 0]
@@ -162,17 +250,20 @@ class DecoupledLearnerSync:
             msg = parked.pop(msg.version, None)
         return out
 
-    def adopt(self, p: int, version: int, global_p: np.ndarray) -> None:
-        """Take `global_p`, fragment p's global value at `version`, as parameters (by the adopt
-        mode) and as the new anchor."""
+    def adopt(self, p: int, version: int, global_p: jax.Array | np.ndarray) -> None:
+        """Take `global_p`, fragment p's global value at `version` (padded on the device, or a host
+        vector), as parameters (by the adopt mode) and as the new anchor."""
+        if isinstance(global_p, np.ndarray):
+            global_p = self.ops.to_device(p, global_p)
         sent = self.sent.get(p)
-        if self.adopt_mode == "replace":
-            new = global_p
-        elif self.adopt_mode == "mix":
-            new = self.mix_alpha * self.gather(p) + (1.0 - self.mix_alpha) * global_p
+        params = self.learner.params
+        if self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None):
+            params = self.ops.write(params, p, global_p)
+        elif self.adopt_mode == "mix":  # alpha * theta + (1 - alpha) * global
+            params = self.ops.write(params, p, global_p, global_p, a=self.mix_alpha, b=self.mix_alpha)
         else:  # rebase: keep the local progress made since p was sent
-            new = global_p if sent is None else global_p + (self.gather(p) - sent.theta)
-        self.scatter(p, new.astype(np.float32))
+            params = self.ops.write(params, p, global_p, sent.theta, a=1.0, b=1.0)
+        self.learner.params = params
         if self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None):
             # The local progress on p is gone: the next push counts from here.
             self.steps_since[p] = self.tokens_since[p] = 0
@@ -182,33 +273,24 @@ class DecoupledLearnerSync:
         self.adopted += 1
 
     def push(self, p: int) -> dict[str, Any]:
-        """Send fragment p's outer gradient; returns the event for the run log."""
-        theta = self.gather(p)
-        payload = self.codec.encode(self.anchors[p] - theta)
-        push = Push(
-            learner=self.learner.index,
-            fragment=p,
-            base_version=self.versions[p],
-            steps=self.steps_since[p],
-            tokens=self.tokens_since[p],
-            seq=self.seq,
-            payload=payload,
-            sent_at=time.time(),
-        )
-        with self._unacked_lock:
-            self.unacked[push.seq] = push
-        nbytes = self.transport.send(self._push, push, link=self.learner.index)
+        """Dispatch fragment p's outer gradient for sending; returns the event for the run log."""
+        payload, scales, theta = self.ops.push(self.learner.params, p, self.anchors[p])
+        item = Outgoing(p, self.versions[p], self.steps_since[p], self.tokens_since[p], self.seq, payload, scales)
+        if self.background:
+            self._outbox.put(item)
+        else:
+            self._send(item)
         self.seq += 1
         self.pushes += 1
         self.sent[p] = SentRecord(self.learner.step, theta)
         self.steps_since[p] = self.tokens_since[p] = 0
         return {
             "kind": "push_sent",
-            "learner": push.learner,
+            "learner": self.learner.index,
             "fragment": p,
-            "base_version": push.base_version,
-            "seq": push.seq,
-            "bytes": nbytes,
+            "base_version": item.base_version,
+            "seq": item.seq,
+            "bytes": self.ops.nbytes(p),
             "step": self.learner.step,
         }
 
@@ -218,35 +300,39 @@ class DecoupledLearnerSync:
 
     def _acknowledge(self, msg: MergedFragment) -> None:
         """Drop pushes of this fragment the round merged (a merged push holds this learner's earlier
-        pushes of the fragment), and ones too stale to be accepted any more."""
+        pushes of the fragment), and ones too stale to be accepted any more. Under the lock."""
         mine = [seq for learner, seq in msg.merged if learner == self.learner.index]
-        with self._unacked_lock:
-            for seq, push in list(self.unacked.items()):
-                if push.fragment != msg.fragment:
-                    continue
-                if (mine and seq <= max(mine)) or msg.version - push.base_version > self.max_staleness:
-                    del self.unacked[seq]
+        for seq, push in list(self.unacked.items()):
+            if push.fragment != msg.fragment:
+                continue
+            if (mine and seq <= max(mine)) or msg.version - push.base_version > self.max_staleness:
+                del self.unacked[seq]
 
     def reconnect(self, push: RemoteMethod) -> int:
         """Send future pushes to `push`, and re-send every unacknowledged one there, in order."""
-        self._push = push
-        with self._unacked_lock:
+        with self._lock:
+            self._push = push
             pending = [self.unacked[seq] for seq in sorted(self.unacked)]
-        for item in pending:
-            self.transport.send(push, item, link=self.learner.index)
+            for item in pending:
+                self.transport.send(push, item, link=self.learner.index)
         return len(pending)
 
     def push_outstanding(self) -> int:
-        """At the end of a run: push every fragment with progress not yet sent; returns how many."""
+        """At the end of a run: push every fragment with progress not yet sent, and wait until
+        every push is handed to the transport; returns how many were pushed here."""
         due = [p for p in range(self.plan.num_fragments) if self.steps_since[p] > 0]
         for p in due:
             self.push(p)
+        self.flush_sends()
         return len(due)
 
     # -- state --------------------------------------------------------------------------------
 
+    def host_anchors(self) -> list[np.ndarray]:
+        return [self.ops.to_host(p, a) for p, a in enumerate(self.anchors)]
+
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        tree = {"anchors": {str(p): a for p, a in enumerate(self.anchors)}}
+        tree = {"anchors": {str(p): a for p, a in enumerate(self.host_anchors())}}
         meta = {
             "versions": self.versions,
             "steps_since": self.steps_since,
@@ -256,18 +342,20 @@ class DecoupledLearnerSync:
         return tree, meta
 
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
-        self.anchors = [np.asarray(tree["anchors"][str(p)], dtype=np.float32) for p in range(self.plan.num_fragments)]
+        anchors = [np.asarray(tree["anchors"][str(p)], dtype=np.float32) for p in range(self.plan.num_fragments)]
+        self.anchors = [self.ops.to_device(p, a) for p, a in enumerate(anchors)]
         self.versions = list(meta["versions"])
         self.steps_since = list(meta["steps_since"])
         self.tokens_since = list(meta["tokens_since"])
         self.seq = int(meta["seq"])
-        self._hold_known()
+        self._hold_known(anchors)
 
-    def _hold_known(self) -> None:
+    def _hold_known(self, anchors: list[np.ndarray]) -> None:
         """Forget what was received: only version 0, the initial parameters, is sure to be what a
         downlink by difference starts from; other versions arrive whole first."""
-        self.held = [(0, a) if v == 0 else None for a, v in zip(self.anchors, self.versions, strict=True)]
-        self.parked.clear()
+        with self._lock:
+            self.held = [(0, a) if v == 0 else None for a, v in zip(anchors, self.versions, strict=True)]
+            self.parked.clear()
 
     def peer_view(self) -> tuple[list[np.ndarray], list[int]]:
         """This learner's current fragments and versions, for a peer that copies it."""
@@ -281,14 +369,15 @@ class DecoupledLearnerSync:
 
     def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         """After copying a peer's parameters: anchors are those parameters, at the peer's versions."""
-        self.anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
+        self.anchors = [self.ops.to_device(p, f) for p, f in enumerate(fragments)]
         self.versions = list(versions)
         self.steps_since = [0] * self.plan.num_fragments
         self.tokens_since = [0] * self.plan.num_fragments
         self.sent.clear()
         self.waiting.clear()
-        self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
-        self.parked.clear()
+        with self._lock:
+            self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
+            self.parked.clear()
 
     def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         """After a resume: anchors become the syncer's current global fragments.
@@ -296,8 +385,9 @@ class DecoupledLearnerSync:
         The learner keeps its own parameters; its next deltas measure how far it is from the
         global model, which is exactly the progress the syncer has not seen.
         """
-        self.anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
+        anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
+        self.anchors = [self.ops.to_device(p, a) for p, a in enumerate(anchors)]
         self.versions = list(versions)
         self.sent.clear()
         self.waiting.clear()
-        self._hold_known()
+        self._hold_known(anchors)

@@ -1,0 +1,168 @@
+"""Fragments read and written on the device: one jitted function each way, compiled once.
+
+A learner sends fragment p as `encode(anchor[p] - theta[p])` and takes a merged fragment back by
+overwriting theta[p]. Done on the host, each costs a round trip of the fragment and, worse, a wait
+for the step in flight. Here both are jitted functions dispatched after the step like the step
+itself:
+
+- `extract(params, anchor_M, index_M)` gathers fragment p out of the parameters, subtracts it
+  from its anchor and encodes the difference with the run's codec (bf16 bits, or int4/int8 codes
+  and one scale per block); the result is read on the host later, by whoever sends it;
+- `swap(params, index_M, value_M, ref_M, a, b)` writes `value + a * theta - b * ref` into
+  fragment p, donating the parameters, so the adoption modes (replace, mix, rebase) are one
+  function and the update happens in place.
+
+Every fragment is padded to the same length M and named by an index vector into the
+concatenation of all parameters (padding points one past the end: gathered as zero, never
+written), so neither function is compiled more than once, whatever fragment it gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dlc.core.codec import Encoded, get_codec
+from dlc.core.fragments import FragmentPlan
+from dlc.core.model import Params
+
+
+def leaf_names(params: Params) -> list[str]:
+    """The "a/b/c" name of every leaf, in `jax.tree_util.tree_leaves` order."""
+    paths, _ = jax.tree_util.tree_flatten_with_path(params)
+    return ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in paths]
+
+
+def encode_on_device(codec: str, block_size: int, x_M: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`dlc.core.codec`'s encodings of `x_M` (length a multiple of the block size), on the device.
+
+    Returns (payload, scales) as the host codec lays them out; the caller cuts the padding off.
+    Quotients are rounded in float32 here (float64 on the host), so a value within a rounding
+    error of a half step may land on the neighbouring level: still within half a step plus that.
+    """
+    if codec == "none":
+        return x_M, jnp.zeros(0, jnp.float32)
+    if codec == "bf16":
+        return jax.lax.bitcast_convert_type(x_M.astype(jnp.bfloat16), jnp.uint16), jnp.zeros(0, jnp.float32)
+    bits = 8 if codec == "int8" else 4
+    levels = 2 ** (bits - 1) - 1
+    blocks = x_M.reshape(-1, block_size)
+    scales = jnp.max(jnp.abs(blocks), axis=1) / levels
+    usable = jnp.isfinite(scales) & (scales > 0)
+    scales = jnp.where(jnp.isfinite(scales), scales, jnp.nan)
+    safe = jnp.where(usable, scales, 1.0)[:, None]
+    q = jnp.where(usable[:, None], jnp.clip(jnp.round(blocks / safe), -levels, levels), 0).astype(jnp.int8)
+    q = q.reshape(-1)
+    if bits == 8:
+        return q, scales
+    nibbles = (q + 8).astype(jnp.uint8)
+    return nibbles[0::2] | (nibbles[1::2] << 4), scales
+
+
+class FragmentOps:
+    """The two device functions of one learner, for one fragment plan and one codec up."""
+
+    def __init__(self, plan: FragmentPlan, like: Params, codec: str, block_size: int, device: Any = None) -> None:
+        self.plan = plan
+        self.codec = get_codec(codec, block_size)
+        self.codec_name, self.block_size = codec, block_size
+        self.device = device or jax.devices()[0]
+        names = leaf_names(like)
+        sizes = [int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(like)]
+        offsets = dict(zip(names, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
+        self.total = sum(sizes)
+        self.sizes = [plan.size(p) for p in range(plan.num_fragments)]
+        # A multiple of the block (and even, for int4 pairs) so the codes of a block never straddle.
+        quantum = block_size if codec in ("int4", "int8") else 2
+        self.M = -(-max(self.sizes) // quantum) * quantum
+        self.indices = []
+        for p in range(plan.num_fragments):
+            parts = []
+            for name, start, stop in plan.pieces(p):
+                row = int(np.prod(dict(plan.shapes)[name][1:]))
+                begin = offsets[name] + start * row
+                parts.append(np.arange(begin, begin + (stop - start) * row, dtype=np.int32))
+            index = np.full(self.M, self.total, dtype=np.int32)  # one past the end: padding
+            flat = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+            index[: flat.size] = flat
+            self.indices.append(self.put(index))
+        treedef = jax.tree_util.tree_structure(like)
+        shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(like)]
+        dtypes = [jnp.asarray(x).dtype for x in jax.tree_util.tree_leaves(like)]
+        cuts = np.cumsum(sizes)[:-1].tolist()
+
+        def concat(params: Params) -> jax.Array:
+            return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in jax.tree_util.tree_leaves(params)])
+
+        def extract(params: Params, anchor_M: jax.Array, index_M: jax.Array) -> tuple[jax.Array, ...]:
+            theta_M = concat(params).at[index_M].get(mode="fill", fill_value=0.0)
+            payload, scales = encode_on_device(codec, block_size, anchor_M - theta_M)
+            return payload, scales, theta_M
+
+        def swap(
+            params: Params, index_M: jax.Array, value_M: jax.Array, ref_M: jax.Array, a: jax.Array, b: jax.Array
+        ) -> Params:
+            flat = concat(params)
+            theta_M = flat.at[index_M].get(mode="fill", fill_value=0.0)
+            flat = flat.at[index_M].set(value_M + a * theta_M - b * ref_M, mode="drop")
+            leaves = [
+                part.reshape(shape).astype(dtype)
+                for part, shape, dtype in zip(jnp.split(flat, cuts), shapes, dtypes, strict=True)
+            ]
+            return jax.tree_util.tree_unflatten(treedef, leaves)
+
+        self.extract = jax.jit(extract)
+        self.swap = jax.jit(swap, donate_argnums=(0,))
+        self._zeros = self.put(np.zeros(self.M, np.float32))
+
+    # -- host <-> device ----------------------------------------------------------------------
+
+    def put(self, x: np.ndarray) -> jax.Array:
+        """A host array on this learner's device (committed, as every input of the jitted functions)."""
+        return jax.device_put(x, self.device)
+
+    def pad(self, p: int, vector: np.ndarray) -> np.ndarray:
+        """Fragment p's flat float32 vector, zero-padded to M."""
+        out = np.zeros(self.M, np.float32)
+        out[: self.sizes[p]] = np.asarray(vector, dtype=np.float32).reshape(-1)
+        return out
+
+    def to_device(self, p: int, vector: np.ndarray) -> jax.Array:
+        """Fragment p's host vector, padded, on the device; `device_put` returns before it lands."""
+        return self.put(self.pad(p, vector))
+
+    def to_host(self, p: int, vector_M: jax.Array) -> np.ndarray:
+        """Fragment p's values of a padded device vector, on the host (waits for it)."""
+        return np.asarray(vector_M)[: self.sizes[p]].copy()
+
+    def encoded(self, p: int, payload: Any, scales: Any) -> Encoded:
+        """The host `Encoded` of fragment p from `extract`'s outputs (waits for them)."""
+        n = self.sizes[p]
+        payload, scales = np.asarray(payload), np.asarray(scales)
+        if self.codec_name in ("int4", "int8"):
+            plen = n if self.codec_name == "int8" else (n + 1) // 2
+            blocks = -(-n // self.block_size)
+            return Encoded(self.codec_name, n, payload[:plen].copy(), scales[:blocks].copy(), self.block_size)
+        return Encoded(self.codec_name, n, payload[:n].copy())
+
+    def nbytes(self, p: int) -> int:
+        return self.codec.encoded_nbytes(self.sizes[p])
+
+    # -- the two operations -------------------------------------------------------------------
+
+    def push(self, params: Params, p: int, anchor_M: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Dispatch the extraction of fragment p; its outputs start copying to the host at once."""
+        payload, scales, theta = self.extract(params, anchor_M, self.indices[p])
+        payload.copy_to_host_async()
+        scales.copy_to_host_async()
+        return payload, scales, theta
+
+    def write(
+        self, params: Params, p: int, value_M: jax.Array, ref_M: jax.Array | None = None, a: float = 0.0, b: float = 0.0
+    ) -> Params:
+        """Dispatch `theta[p] <- value + a * theta[p] - b * ref`; the old parameters are donated."""
+        ref = self._zeros if ref_M is None else ref_M
+        return self.swap(params, self.indices[p], value_M, ref, np.float32(a), np.float32(b))

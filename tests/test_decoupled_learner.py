@@ -1,5 +1,6 @@
 """The learner's protocol, driven by the in-process twin of the engine (no Ray, fake clock)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -145,24 +146,41 @@ def test_bandwidth_prediction_equals_bytes_sent():
     assert (run.down.bytes_sent - down) / 16 / 2 == pytest.approx(predicted["down_bytes_per_step"])
 
 
-def test_restored_learner_does_not_recompile_as_it_adopts_fragments(tmp_path):
-    # orbax restores device-committed arrays; adopted fragments are written back uncommitted.
-    # jit compiles each mix anew, so a restored learner must hold plain uncommitted arrays.
+def test_each_function_compiles_once_through_adoptions_restores_and_copies(tmp_path):
+    # A jitted function compiles anew for every mix of committed and uncommitted inputs it sees
+    # (orbax restores committed arrays, host values are uncommitted): a learner that restores a
+    # checkpoint, copies a peer or takes the global fragments must not compile anything again.
+    from dlc.core.runtime import CompileLog
     from dlc.run.checkpoint import Checkpointer
 
-    run = make_run(twin_recipe(learners=2))
-    for _ in range(6):
-        run.step_all()
-    sync = run.syncs[0]
-    checkpointer = Checkpointer(tmp_path / "ck", keep=1)
-    sync.learner.flush()
-    checkpointer.save(sync.learner.step, sync.learner.state_tree(), sync.learner.state_meta())
-    tree, meta = checkpointer.restore(sync.learner.state_tree())
-    sync.learner.load_state(tree, meta)
-    for _ in range(12):  # every step adopts and writes back a fragment somewhere
-        run.step_all()
-    # One compilation for fresh state; none more however the fragments were written.
-    assert sync.learner._train_step._cache_size() == 1
+    log = CompileLog(cached=False)
+    try:
+        run = make_run(twin_recipe(learners=2))
+        for _ in range(8):  # every step pushes and adopts fragments: both functions run
+            run.step_all()
+        assert sum(s.adopted for s in run.syncs) > 0 and sum(s.pushes for s in run.syncs) > 0
+        compiled = dict(log.compiled)
+        for name in ("train_step", "extract", "swap"):
+            assert compiled.get(f"jit({name})") == 2, compiled  # once for each of the two learners
+        sync, peer = run.syncs
+        checkpointer = Checkpointer(tmp_path / "ck", keep=1)
+        sync.learner.flush()
+        checkpointer.save(sync.learner.step, sync.learner.state_tree(), sync.learner.state_meta())
+        tree, meta = checkpointer.restore(sync.learner.state_tree())
+        sync.learner.load_state(tree, meta)  # a restart from its checkpoint
+        for _ in range(6):
+            run.step_all()
+        peer.learner.flush()
+        sync.learner.load_state(jax.device_get(peer.learner.state_tree()), peer.learner.state_meta())
+        sync.adopt_peer(*peer.peer_view())  # a rejoin: a copy of a healthy peer
+        for _ in range(6):
+            run.step_all()
+        sync.adopt_global(run.syncer.global_fragments(), run.syncer.versions())  # no peer: the global model
+        for _ in range(6):
+            run.step_all()
+        assert dict(log.compiled) == compiled
+    finally:
+        log.close()
 
 
 def test_every_step_record_reaches_the_loop_whoever_flushed():
@@ -175,3 +193,75 @@ def test_every_step_record_reaches_the_loop_whoever_flushed():
     learner.flush()  # the end of the run flushes step 3
     assert [r.step for r in learner.take_records()] == [1, 2, 3]
     assert learner.take_records() == []
+
+
+class HeldLink:
+    """A push method whose sends hang until released: a slow link, or a syncer that does not answer."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.received: list = []
+
+    def remote(self, message):
+        self.entered.set()
+        assert self.release.wait(60), "the test never released the link"
+        self.received.append(message)
+
+
+def _steps_in_thread(sync, steps: int, timeout_s: float = 120) -> None:
+    """Run `steps` loop steps (train + after_step) in a thread; fail if they do not all finish."""
+    import threading
+
+    done = threading.Event()
+
+    def loop() -> None:
+        for _ in range(steps):
+            sync.learner.train_step()
+            sync.after_step()
+        done.set()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    if not done.wait(timeout_s):
+        import faulthandler
+        import sys
+
+        faulthandler.dump_traceback(sys.stderr)
+        raise AssertionError("the step loop waited on the link")
+
+
+def test_the_loop_steps_on_while_a_push_is_held_and_an_adoption_arrives():
+    from dlc.net.transport import Transport
+
+    run = make_run(twin_recipe(learners=1))
+    learner = run.learners[0]
+    link = HeldLink()
+    sync = type(run.syncs[0])(run.recipe, learner, run.syncs[0].plan, Transport(), link, _traffic(run.recipe))
+    sync.compile()
+    sync.start_background()
+    p = 2
+    sync.receive(FragmentRequest(p, 0, 0.0))
+    _steps_in_thread(sync, 1)
+    assert link.entered.wait(30)  # the sender thread is inside the held send
+    # While it hangs there: ten more steps, another request answered, a merged fragment adopted.
+    sync.receive(FragmentRequest(p + 1, 0, 0.0))
+    G = np.full(sync.plan.size(p), 0.5, np.float32)
+    sync.receive(MergedFragment(p, 1, get_codec("none").encode(G), 0.0))  # from "another thread"
+    _steps_in_thread(sync, 10)
+    assert sync.pushes == 2 and not link.received  # both dispatched, neither sent yet
+    assert sync.versions[p] == 1
+    np.testing.assert_allclose(sync.gather(p), 0.5, atol=0.05)  # adopted, then a few steps trained on
+    link.release.set()
+    sync.flush_sends()
+    assert [m.fragment for m in link.received] == [p, p + 1]
+    assert [m.seq for m in link.received] == [0, 1]
+    assert [m.steps for m in link.received] == [1, 2]  # counted when dispatched, not when sent
+
+
+def _traffic(recipe):
+    from dlc.algo import get_algorithm
+
+    return get_algorithm("decoupled").traffic(recipe)

@@ -37,6 +37,9 @@ class NoSync:
     def receive(self, message: Any) -> None:
         raise AssertionError("algorithm none delivers no messages")
 
+    def compile(self) -> None:
+        self.learner.compile()
+
     def start_background(self) -> None:
         """Nothing runs off the loop's thread here."""
 

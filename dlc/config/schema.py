@@ -58,6 +58,16 @@ class RunConfig(Section):
     max_wall_s: float | None = Field(None, gt=0, description="Stop after this many seconds of wall time.")
     log_every_steps: int = Field(50, ge=1, description="Steps between train-loss lines in metrics.jsonl and the log.")
     status_interval_s: float = Field(1.0, gt=0, description="Seconds between rewrites of status.json.")
+    compile_cache: bool = Field(
+        True,
+        description="Keep compiled functions in compile_cache_dir, so a restarted, joining or later learner "
+        "loads its step instead of compiling it (false: compile in every process).",
+    )
+    compile_cache_dir: str = Field(
+        "~/.cache/dlc/xla",
+        description="JAX's persistent compilation cache, shared by every process of a run and by later runs; "
+        "safe for several processes at once.",
+    )
 
     @model_validator(mode="after")
     def _needs_a_stop(self) -> RunConfig:
@@ -129,6 +139,12 @@ class LearnersConfig(Section):
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved per learner.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPU resources reserved per learner.")
     xla_cpu_threads: int = Field(1, ge=1, description="XLA CPU threads per learner process.")
+    spares: int = Field(
+        0,
+        ge=0,
+        description="Hot spares: learner processes kept started and compiled, idle, each reserving num_cpus "
+        "and num_gpus; a dead learner's slot is taken over by one, and a new spare starts behind it.",
+    )
     join_streams: int = Field(
         2, ge=0, description="Data streams held back for learners that join during the run, one per joiner."
     )

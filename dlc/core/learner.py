@@ -32,7 +32,7 @@ class StepRecord:
 
 
 class Learner:
-    def __init__(self, recipe: Recipe, index: int, stream_bytes: np.ndarray) -> None:
+    def __init__(self, recipe: Recipe, index: int, stream_bytes: np.ndarray | None) -> None:
         self.index = index
         self.batch_size = recipe.learners.resolved(index).batch_size
         self.seq_len = recipe.learners.seq_len
@@ -44,8 +44,10 @@ class Learner:
         self.device = jax.devices()[0]
         self.params: Params = self.place(params)
         self.opt_state: Any = self.place(self.optimizer.init(self.params))
-        self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
+        # None: a hot spare, which holds no data until it takes a learner's slot (`rebind`).
+        self.stream: Any = None if stream_bytes is None else ByteStream(stream_bytes, self.batch_size, self.seq_len)
         self._train_step = make_train_step(self.graphdef, self.optimizer)
+        self._step_fn: Any = None  # the compiled train step: `compile`
         self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
         self.step = 0
         self.tokens = 0
@@ -61,6 +63,30 @@ class Learner:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
+    def compile(self) -> None:
+        """Compile the train step for this learner's shapes now (or load it from the persistent
+        cache), once: every later call runs this executable, whatever state is loaded."""
+        if self._step_fn is None:
+            batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
+            self._step_fn = self._train_step.lower(self.params, self.opt_state, batch, batch).compile()
+
+    def compile_gradient(self) -> None:
+        """The data-parallel learner's step, compiled once like `compile`."""
+        if self._grad_step is None:
+            batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
+            self._grad_step = make_grad_step(self.graphdef).lower(self.params, batch, batch).compile()
+
+    def rebind(self, index: int, recipe: Recipe, stream_bytes: np.ndarray) -> None:
+        """Become learner `index` with its data stream (a hot spare taking a slot over).
+
+        A slot whose batch size differs from the spare's compiles its own step at the first step.
+        """
+        settings = recipe.learners.resolved(index)
+        if settings.batch_size != self.batch_size:
+            self._step_fn = self._grad_step = None
+        self.index, self.batch_size, self.pace_s = index, settings.batch_size, settings.step_time_s
+        self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
+
     def _pace(self) -> float:
         if self.pace_s:
             wait = self._last_start + self.pace_s - time.monotonic()
@@ -73,7 +99,8 @@ class Learner:
         """Dispatch one inner step; return the previous step's record (None on the first)."""
         start = self._pace()
         x_BxT, y_BxT = self.stream.next_batch()
-        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, x_BxT, y_BxT)
+        self.compile()
+        self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, x_BxT, y_BxT)
         self.step += 1
         self.tokens += self.tokens_per_step
         previous, self._pending = self._pending, (self.step, self.tokens, metrics, start)
@@ -85,8 +112,7 @@ class Learner:
         Counts as a step (tokens, step counter, record); the parameters do not change here.
         """
         self.flush()
-        if self._grad_step is None:
-            self._grad_step = make_grad_step(self.graphdef)
+        self.compile_gradient()
         start = self._pace()
         x_BxT, y_BxT = self.stream.next_batch()
         loss, grads, norm = jax.device_get(self._grad_step(self.params, x_BxT, y_BxT))
@@ -124,7 +150,12 @@ class Learner:
         return {"params": self.params, "opt_state": self.opt_state}
 
     def state_meta(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens": self.tokens, "data_position": self.stream.position}
+        return {"step": self.step, "tokens": self.tokens, "data_position": self.position}
+
+    @property
+    def position(self) -> int:
+        """Batches read from this learner's stream (0 for a spare that has none yet)."""
+        return self.stream.position if self.stream is not None else 0
 
     def load_state(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         self.flush()

@@ -104,9 +104,10 @@ class Driver:
         # much as a learner): otherwise a joiner waits for CPUs and takes a restarting syncer's.
         cpus = (
             sum(learners.resolved(i).num_cpus for i in range(learners.count))
-            + learners.join_streams * learners.num_cpus
+            + (learners.join_streams + learners.spares) * learners.num_cpus
             + self.recipe.syncer.num_cpus
         )
+        self._prepare_compile_cache()
         started = cluster.start_cluster(self.recipe.cluster, cpus)
         self.rundir.event("cluster_started", **started)
         try:
@@ -167,16 +168,26 @@ class Driver:
             rundir.event("syncer_restored", **restored)
         self.evaluator = EvaluatorActor.options(num_cpus=0).remote(recipe_json, ray.put(self.split.eval_bytes))
 
-        def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
-            settings = recipe.learners.resolved(i)
-            options: dict[str, Any] = {"num_cpus": settings.num_cpus}
+        def options(i: int | None) -> dict[str, Any]:
+            settings = recipe.learners.resolved(-1 if i is None else i)  # a spare: the learners' defaults
+            out: dict[str, Any] = {"num_cpus": settings.num_cpus}
             if settings.num_gpus:
-                options["num_gpus"] = settings.num_gpus
-            return LearnerActor.options(**options).remote(recipe_json, i, stream, run_dir, self.syncer, incarnation)
+                out["num_gpus"] = settings.num_gpus
+            return out
+
+        def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
+            return LearnerActor.options(**options(i)).remote(
+                recipe_json, i, stream, run_dir, self.syncer, incarnation, time.time()
+            )
+
+        def make_spare(requested_at: float) -> Any:
+            return LearnerActor.options(**options(None)).remote(
+                recipe_json, None, None, run_dir, self.syncer, 0, requested_at
+            )
 
         streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
-        spares = [streams[i] for i in range(recipe.learners.count, len(streams))]
-        self.supervisor = Supervisor(recipe, rundir, self.syncer, make_learner, spares)
+        joiners = [streams[i] for i in range(recipe.learners.count, len(streams))]
+        self.supervisor = Supervisor(recipe, rundir, self.syncer, make_learner, joiners, make_spare)
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         if self.resume:
             for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
@@ -193,6 +204,24 @@ class Driver:
         for i, pid in enumerate(pids):
             rundir.event("learner_started", learner=i, pid=pid)
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
+        self.supervisor.keep_spares()  # after the learners, which come first for CPUs and compile time
+
+    def _prepare_compile_cache(self) -> None:
+        """Create the shared compilation cache and clear what a killed writer left half written."""
+        from dlc.core.runtime import compilation_cache_dir, repair_compilation_cache
+        from dlc.errors import UserError
+
+        if not self.recipe.run.compile_cache:
+            return
+        directory = compilation_cache_dir(self.recipe.run.compile_cache_dir)
+        try:
+            removed = repair_compilation_cache(directory)
+        except OSError as exc:
+            raise UserError(
+                f"cannot use run.compile_cache_dir={self.recipe.run.compile_cache_dir!r}: {exc.strerror or exc}; "
+                "point it at a writable directory or set run.compile_cache=false"
+            ) from None
+        self.rundir.event("compile_cache", dir=str(directory), torn_entries_removed=removed)
 
     def _watch(self, stop: StopRequest) -> None:
         last_status = 0.0
@@ -323,6 +352,8 @@ class Driver:
             "goodput": ledger["goodput"],
             "badput": ledger["badput_s"],
             "goodput_by_learner": ledger["learners"],
+            "spare_s": ledger["spare_s"],
+            "goodput_with_spares": ledger["goodput_with_spares"],
             "restarts": dict(self.supervisor.restarts),
         }
 
@@ -343,6 +374,7 @@ class Driver:
             eval_initial=self.evals.initial,
             eval_loss=self.evals.loss,
             eval_bpb=self.evals.bpb,
+            spares=self.supervisor.spare_rows() if hasattr(self, "supervisor") else [],
         )
 
     def _snapshot(self, run_state: str) -> dict[str, Any]:

@@ -4,6 +4,12 @@ Each learner is its own Ray actor process with its own JAX runtime. Its training
 a thread of the actor, so the actor's methods (deliveries of merged fragments, polls from the
 driver, state copies for a rejoining peer) are served while it trains. The driver only talks to
 actors with timeouts, because a frozen (SIGSTOPped) process never answers.
+
+Start-up is in phases the live view shows: the process starts (the supervisor times it), the
+step and the fragment functions are compiled or loaded from the persistent compilation cache (in
+a thread of their own, begun at construction, so a copy from a peer overlaps it), the state is
+copied from a peer, and the loop starts. A hot spare (index None) does all of that but the copy
+and then idles, holding no data, until `take_slot` makes it a learner.
 """
 
 from __future__ import annotations
@@ -31,21 +37,33 @@ class LearnerWorker:
     def __init__(
         self,
         recipe_json: dict[str, Any],
-        index: int,
-        stream: np.ndarray,
+        index: int | None,
+        stream: np.ndarray | None,
         run_dir: str,
         syncer: Any,
         incarnation: int = 0,
+        requested_at: float | None = None,
     ) -> None:
+        constructed = time.time()
+        self.recipe = Recipe.model_validate(recipe_json)
+        from dlc.core.runtime import CompileLog, compilation_cache_dir, enable_compilation_cache
+
+        if self.recipe.run.compile_cache:
+            enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
+        self.compiles = CompileLog(cached=self.recipe.run.compile_cache)
         from dlc.algo import get_algorithm
         from dlc.core.learner import Learner
         from dlc.net.transport import Transport
 
-        self.recipe = Recipe.model_validate(recipe_json)
+        # Seconds of each start-up phase; "process_s" runs from the request to start this process.
+        self.startup: dict[str, Any] = {}
+        if requested_at is not None:
+            self.startup["process_s"] = round(constructed - requested_at, 3)
         self.index = index
         self.incarnation = incarnation
         self.syncer = syncer
-        self.learner = Learner(self.recipe, index, stream)
+        self.run_dir = run_dir
+        self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
         self.algorithm = get_algorithm(self.recipe.algorithm)
@@ -54,11 +72,13 @@ class LearnerWorker:
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
         # names one push for the whole run, also across syncer restarts.
         self.sync.seq = incarnation * SEQ_STRIDE
-        self.checkpointer = Checkpointer(learner_checkpoint_dir(Path(run_dir), index), self.recipe.checkpoint.keep)
+        self.checkpointer = None if index is None else self._checkpointer(index)
         self.lock = threading.Lock()
         self.events: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
-        self.state = "starting"
+        self.state = "starting" if index is not None else "spare"
+        self._compiled = threading.Event()
+        self._copying = False
         self.loss: float | None = None
         self.rate = 0.0
         self.steady = 0.0
@@ -69,6 +89,49 @@ class LearnerWorker:
         self._slow: tuple[float, float] = (1.0, 0.0)
         self._thread: threading.Thread | None = None
         self._heart: threading.Thread | None = None
+        self._compiler = threading.Thread(target=self._compile, name="compile", daemon=True)
+        self._compiler.start()
+
+    def _checkpointer(self, index: int) -> Checkpointer:
+        return Checkpointer(learner_checkpoint_dir(Path(self.run_dir), index), self.recipe.checkpoint.keep)
+
+    def _compile(self) -> None:
+        """Compile (or load from the cache) every function the loop runs, before it runs."""
+        started, log = time.monotonic(), self.compiles
+        before = (sum(log.compiled.values()), log.cache_hits)
+        try:
+            self.sync.compile()
+        except Exception:
+            self.error = traceback.format_exc()
+            self.state = "failed"
+            return
+        compiled, hits = sum(log.compiled.values()) - before[0], log.cache_hits - before[1]
+        self.startup["compile_s"] = round(time.monotonic() - started, 3)
+        self.startup["compiled_from"] = "cache" if compiled and hits == compiled else "xla" if not hits else "both"
+        self._compiled.set()
+
+    def current_phase(self) -> str | None:
+        """What it is doing while it starts (compiling, loading compiled step, copying state, ready
+        for a spare, starting); None once it trains."""
+        if self.state not in ("starting", "spare"):
+            return None
+        if self._copying:
+            return "copying state"
+        if not self._compiled.is_set():
+            return "compiling" if self.compiles.compiling else "loading compiled step"
+        return "ready" if self.index is None else "starting"
+
+    def take_slot(self, index: int, stream: np.ndarray, incarnation: int) -> int:
+        """A hot spare becomes learner `index` (a new incarnation) with its data stream; returns its pid."""
+        if self.index is not None:
+            raise RuntimeError(f"learner {self.index} is no spare")
+        self.index, self.incarnation = index, incarnation
+        self.learner.rebind(index, self.recipe, stream)
+        self.sync.seq = incarnation * SEQ_STRIDE
+        self.checkpointer = self._checkpointer(index)
+        self.state = "starting"
+        self.startup = {"spare": True, **self.startup}
+        return os.getpid()
 
     def restore(self) -> dict[str, Any]:
         """Load this learner's checkpoint, if any; returns its step and data position."""
@@ -76,7 +139,7 @@ class LearnerWorker:
             tree, meta = self.checkpointer.restore(self.checkpoint_tree())
             self.learner.load_state(tree["learner"], meta)
             self.sync.load(tree["sync"], meta["sync"])
-        return {"step": self.learner.step, "data_position": self.learner.stream.position}
+        return {"step": self.learner.step, "data_position": self.learner.position}
 
     def checkpoint_tree(self) -> dict[str, Any]:
         return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}
@@ -106,6 +169,9 @@ class LearnerWorker:
         max_steps = recipe.run.max_steps
         window: list[tuple[float, int]] = []
         first: tuple[float, int] | None = None
+        self._compiler.join()
+        if self.error:
+            return
         try:
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
                 started, waited = time.monotonic(), self.sync.waiting_s
@@ -116,10 +182,17 @@ class LearnerWorker:
                     self.save()
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
                 now = time.monotonic()
-                if first is None:  # the first step compiled the step function: start-up until here
+                if first is None:  # start-up ends with the first step
                     first = (now, learner.tokens)
                     self.state = "training"
-                    events.append({"kind": "learner_training", "learner": self.index, "incarnation": self.incarnation})
+                    events.append(
+                        {
+                            "kind": "learner_training",
+                            "learner": self.index,
+                            "incarnation": self.incarnation,
+                            **self.startup,
+                        }
+                    )
                 self.steady = (learner.tokens - first[1]) / (now - first[0]) if now > first[0] else 0.0
                 window.append((now, learner.tokens))
                 while len(window) > 2 and now - window[0][0] > 5.0:
@@ -169,7 +242,9 @@ class LearnerWorker:
             "tokens_per_s": round(self.rate, 1),
             "steady_tokens_per_s": round(self.steady, 1),
             "loss": self.loss,
-            "data_position": self.learner.stream.position,
+            "data_position": self.learner.position,
+            "phase": self.current_phase(),
+            "startup": dict(self.startup),
             "tokens_per_step": self.learner.tokens_per_step,
             "unpushed_steps": self.sync.unpushed_steps(),
             "pushes": self.sync.pushes,
@@ -249,14 +324,20 @@ class LearnerWorker:
         its own unsent progress itself, so this learner's first push must carry only what it
         learns from now on.
         """
-        self.learner.load_state(state["tree"], state["meta"])
-        self.base_tokens = self.learner.tokens  # the peer's tokens are the peer's, not this learner's
-        self.sync.adopt_peer(state["fragments"], state["versions"])
+        self._copying = True
+        try:
+            self.learner.load_state(state["tree"], state["meta"])
+            self.base_tokens = self.learner.tokens  # the peer's tokens are the peer's, not this learner's
+            self.sync.adopt_peer(state["fragments"], state["versions"])
+        finally:
+            self._copying = False
+        copy_s = round(time.time() - state["copied_at"], 3)
+        self.startup["copy_s"] = copy_s
         return {
             "peer": state["from"],
             "step": self.learner.step,
-            "data_position": self.learner.stream.position,
-            "copy_s": round(time.time() - state["copied_at"], 3),
+            "data_position": self.learner.position,
+            "copy_s": copy_s,
         }
 
     def import_global(self, global_state: tuple[list[np.ndarray], list[int]]) -> dict[str, Any]:
@@ -267,7 +348,7 @@ class LearnerWorker:
         """
         fragments, versions = global_state
         self.sync.adopt_global(fragments, versions)
-        return {"peer": None, "step": self.learner.step, "data_position": self.learner.stream.position}
+        return {"peer": None, "step": self.learner.step, "data_position": self.learner.position}
 
     # -- slow-downs ---------------------------------------------------------------------------
 

@@ -7,6 +7,11 @@ AdamW state, step and data position from a healthy peer (the peer keeps training
 its state at a step boundary), or starts from the syncer's global fragments when no peer is
 healthy, and then rejoins the syncer as a new incarnation. Every step of that is an event,
 and the observed outcome of each chaos fault goes to chaos.jsonl.
+
+With `learners.spares: N`, N hot spares (learner processes started and compiled, idle, with no
+data) wait beside the learners: a dead learner's slot is taken over by a ready spare, which skips
+the process start and the compilation, and a new spare is started behind it. Their idle time is
+filed apart in the ledger (`spare_s`): reserved, not allocated to any learner.
 """
 
 from __future__ import annotations
@@ -36,6 +41,23 @@ class Recovery:
     died_at: float
     restarted_at: float | None = None
     peer: int | None = None
+    spare: bool = False  # a hot spare took the slot over
+
+
+@dataclass
+class Spare:
+    """A hot spare: a learner process started and compiled, waiting for a slot."""
+
+    name: str
+    actor: Any
+    requested_at: float  # wall time its process was asked for
+    view: dict[str, Any] = field(default_factory=dict)
+    poll: Any = None
+    ticked_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def ready(self) -> bool:
+        return self.view.get("phase") == "ready"
 
 
 @dataclass
@@ -56,14 +78,23 @@ class LearnerSlot:
 
 class Supervisor:
     def __init__(
-        self, recipe: Recipe, rundir: RunDir, syncer: Any, make_learner: Any, spare_streams: list[Any]
+        self,
+        recipe: Recipe,
+        rundir: RunDir,
+        syncer: Any,
+        make_learner: Any,
+        join_streams: list[Any],
+        make_spare: Any = None,
     ) -> None:
         self.recipe = recipe
         self.rundir = rundir
         self.syncer = syncer
-        self.make_learner = make_learner  # (index, stream_ref) -> actor handle
+        self.make_learner = make_learner  # (index, stream_ref, incarnation) -> actor handle
+        self.make_spare = make_spare  # () -> actor handle of a new hot spare
         self.slots: dict[int, LearnerSlot] = {}
-        self.spare_streams = list(spare_streams)  # ObjectRefs of streams no learner has read
+        self.join_streams = list(join_streams)  # ObjectRefs of streams no learner has read
+        self.spares: list[Spare] = []
+        self.spares_started = 0
         self.restarts: Counter[int] = Counter()
         self.dead_tokens: Counter[int] = Counter()  # tokens trained by incarnations that died
         self.ledger = Ledger()
@@ -112,6 +143,7 @@ class Supervisor:
         # as injected when its outcome is recorded.
         requests = self.chaos.requests()
         self._poll(absorb, now)
+        self._poll_spares()
         self._advance_recoveries()
         for request in requests:
             self._carry_out(request)
@@ -119,6 +151,57 @@ class Supervisor:
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
                 self._carry_out({"op": "leave", "learner": i})
         self.file_time()
+
+    # -- hot spares --------------------------------------------------------------------------
+
+    def keep_spares(self) -> None:
+        """Start spares until `learners.spares` are started or starting."""
+        while self.make_spare is not None and len(self.spares) < self.recipe.learners.spares:
+            name = f"s{self.spares_started}"
+            self.spares_started += 1
+            requested = time.time()
+            self.spares.append(Spare(name, self.make_spare(requested), requested, view={"phase": "starting process"}))
+            self.rundir.event("spare_started", spare=name)
+
+    def _poll_spares(self) -> None:
+        for spare in list(self.spares):
+            if spare.poll is None:
+                spare.poll = spare.actor.poll.remote()
+            ready, _ = ray.wait([spare.poll], timeout=0)
+            if not ready:
+                continue
+            ref, spare.poll = spare.poll, None
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self.spares.remove(spare)
+                self.rundir.event("spare_died", spare=spare.name)
+                continue
+            was_ready, spare.view = spare.ready, result["snapshot"]
+            if result["error"]:
+                self.failure = f"hot spare {spare.name} failed:\n{result['error']}"
+            if spare.ready and not was_ready:
+                self.rundir.event(
+                    "spare_ready",
+                    spare=spare.name,
+                    after_s=round(time.time() - spare.requested_at, 3),
+                    **spare.view["startup"],
+                )
+        self.keep_spares()
+
+    def spare_rows(self) -> list[dict[str, Any]]:
+        return [
+            {"id": s.name, "state": "spare", "phase": s.view.get("phase"), "startup": s.view.get("startup", {})}
+            for s in self.spares
+        ]
+
+    def _take_spare(self) -> Spare | None:
+        """The readiest spare (compiled first), taken out of the pool; None if there is none."""
+        if not self.spares:
+            return None
+        spare = max(self.spares, key=lambda s: s.ready)
+        self.spares.remove(spare)
+        return spare
 
     def forgive_silence(self) -> None:
         """After the driver itself was busy (a syncer restart), no learner has been silent."""
@@ -139,6 +222,9 @@ class Supervisor:
                 dt -= waited
             self.ledger.tick(i, state, dt)
             slot.ticked_at = now
+        for spare in self.spares:
+            self.ledger.reserve(now - spare.ticked_at)
+            spare.ticked_at = now
 
     def _poll(self, absorb: Any, now: float) -> None:
         timeout = self.recipe.syncer.heartbeat_timeout_s
@@ -207,11 +293,20 @@ class Supervisor:
         self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))
         self.rundir.event("learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"))
         self.dead_tokens[i] += slot.view.get("tokens", 0)
-        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0}
+        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
         self.chaos.outcome("kill", i, "detected", after_s=self.chaos.since("kill", i))
         self.syncer.leave.remote(i)
-        actor = self.make_learner(i, slot.stream, self.restarts[i] + 1)
-        slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
+        incarnation = self.restarts[i] + 1
+        spare = self._take_spare()
+        if spare is not None:
+            ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
+            slot.recovery = Recovery("restarting", spare.actor, ref, died_at=time.time(), spare=True)
+            slot.view["phase"] = f"spare {spare.name} taking over"
+            self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
+            self.keep_spares()
+        else:
+            actor = self.make_learner(i, slot.stream, incarnation)
+            slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
         slot.override = "restarting"
         self.restarts[i] += 1
 
@@ -232,11 +327,16 @@ class Supervisor:
             if rec.phase == "restarting":
                 rec.restarted_at = time.time()
                 self.rundir.event(
-                    "learner_restarted", learner=i, pid=result, after_s=round(rec.restarted_at - rec.died_at, 3)
+                    "learner_restarted",
+                    learner=i,
+                    pid=result,
+                    after_s=round(rec.restarted_at - rec.died_at, 3),
+                    spare=rec.spare,
                 )
                 self.chaos.outcome("kill", i, "restarted", after_s=self.chaos.since("kill", i), pid=result)
                 slot.view = {**slot.view, "pid": result}
                 peer = self._healthy_peer(exclude=i)
+                slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
                 if peer is not None:
                     rec.peer = peer
                     rec.ref = rec.actor.import_state.remote(self.slots[peer].handle.export_state.remote())
@@ -287,7 +387,7 @@ class Supervisor:
             slot.override = "left"
             self.syncer.leave.remote(i)
             self.rundir.event("learner_left", learner=i)
-        elif op == "join" and self.spare_streams:
+        elif op == "join" and self.join_streams:
             self._join(request.get("duration_s"))
         else:
             reason = "no data stream left for a joiner" if op == "join" else "unknown op or learner not live"
@@ -296,7 +396,7 @@ class Supervisor:
     def _join(self, duration_s: float | None) -> None:
         """A temporary learner with its own data stream, brought in by a peer copy like a restart."""
         index = max(self.slots) + 1
-        stream = self.spare_streams.pop(0)
+        stream = self.join_streams.pop(0)
         actor = self.make_learner(index, stream, 0)
         self.slots[index] = LearnerSlot(actor, stream, view={"id": index, "state": "restarting"}, override="restarting")
         self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
@@ -331,4 +431,7 @@ class Supervisor:
                 for actor in (slot.handle, slot.recovery.actor if slot.recovery else None):
                     if actor is not None:
                         ray.kill(actor)
+        for spare in self.spares:  # idle processes: nothing to save
+            ray.kill(spare.actor)
+        self.spares.clear()
         return out

@@ -38,6 +38,7 @@ STATE_STYLE = {
     "left": "dim",
     "interrupted": "yellow",
     "starting": "dim",
+    "spare": "dim",
     "running": "green",
     "waiting": "cyan",
 }
@@ -152,7 +153,7 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
         age, goodput, stale, rate = (row.get(k) for k in ("last_push_age_s", "goodput", "staleness", "tokens_per_s"))
         table.add_row(
             str(row["id"]),
-            _state_text(row["state"]),
+            _state_cell(row),
             str(row["step"]),
             f"{row['tokens']:,}",
             "-" if rate is None else f"{rate:,.0f}",
@@ -163,7 +164,20 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
             str(row["rejected"]),
             *(["-" if goodput is None else f"{goodput:.1%}"] if with_goodput else []),
         )
+    for row in snap.get("spares", []):
+        blank = ["-"] * (len(columns) - 2 + with_goodput)
+        table.add_row(Text(str(row["id"]), style="dim"), _state_cell(row), *blank)
     return table
+
+
+def _state_cell(row: dict[str, Any]) -> Text:
+    """The state and, while a learner starts, what it is doing: "restarting: starting process",
+    "starting: loading compiled step", "spare: ready"."""
+    text = _state_text(row["state"])
+    phase = row.get("phase")
+    if phase and row["state"] in ("starting", "spare", "restarting", "rejoining") and phase != row["state"]:
+        text.append(f": {phase}", style="dim")
+    return text
 
 
 def _syncer_panel(snap: dict[str, Any]) -> Panel:

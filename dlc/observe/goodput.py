@@ -30,6 +30,11 @@ STATE_BUCKET = {
 class Ledger:
     def __init__(self) -> None:
         self.seconds: dict[int, dict[str, float]] = defaultdict(lambda: dict.fromkeys(BUCKETS, 0.0))
+        self.spare_s = 0.0  # hot spares' idle time: reserved, allocated to no learner
+
+    def reserve(self, seconds: float) -> None:
+        """File `seconds` of one hot spare's idle time."""
+        self.spare_s += max(seconds, 0.0)
 
     def tick(self, learner: int, state: str, dt: float) -> None:
         """File `dt` seconds under the bucket of `state`; states not allocated (left, finished) are skipped."""
@@ -59,6 +64,11 @@ class Ledger:
             "badput_s": {b: round(v, 3) for b, v in total.items() if b != "productive"},
             "productive_s": round(total["productive"], 3),
             "allocated_s": round(sum(total.values()), 3),
+            # Spares are reserved hardware too: goodput counting their idle time against the run.
+            "spare_s": round(self.spare_s, 3),
+            "goodput_with_spares": _round(
+                total["productive"] / (sum(total.values()) + self.spare_s) if sum(total.values()) > 0 else None
+            ),
             "learners": {
                 str(i): {"goodput": _round(self.goodput(i)), **{b: round(v, 3) for b, v in row.items()}}
                 for i, row in sorted(self.seconds.items())

@@ -7,7 +7,7 @@ two documents every reader (`dlc status`, `dlc report`, chaos, a person with `jq
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dlc.config.budget import Budget
@@ -45,6 +45,7 @@ class RunView:
     eval_initial: float | None = None
     eval_loss: float | None = None
     eval_bpb: float | None = None
+    spares: list[dict[str, Any]] = field(default_factory=list)  # hot spares, as the supervisor sees them
 
 
 class Snapshots:
@@ -87,6 +88,7 @@ class Snapshots:
             "eval_bpb": view.eval_bpb,
             "eval_loss_initial": view.eval_initial,
             "learners": learners,
+            "spares": view.spares,
             "syncer": view.syncer,
             "goodput": view.goodput["goodput"],
             "badput": view.goodput["badput"],

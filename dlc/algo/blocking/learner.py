@@ -147,6 +147,9 @@ class BlockingLearnerSync:
     def receive(self, message: GlobalModel) -> None:
         self.inbox.put(message)
 
+    def compile(self) -> None:
+        self.learner.compile()
+
     def start_background(self) -> None:
         """Nothing runs off the loop's thread here."""
 
@@ -195,6 +198,9 @@ class BlockingLearnerSync:
 
 class DataParallelSync(BlockingLearnerSync):
     gradient = True
+
+    def compile(self) -> None:
+        self.learner.compile_gradient()
 
     def local_step(self) -> np.ndarray:
         return self.flat(self.learner.compute_gradient())

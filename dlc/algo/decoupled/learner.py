@@ -101,6 +101,7 @@ class DecoupledLearnerSync:
         # adopted: the base of a difference sent down. None: not known (after a copy from a peer).
         # Guarded by _lock, with `parked` and `unacked`: deliveries come from another thread.
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self.held: list[tuple[int, np.ndarray] | None] = []
         self.parked: dict[int, dict[int, MergedFragment]] = {}  # differences waiting for their base
         self._hold_known([self.gather(p) for p in range(P)])
@@ -126,6 +127,11 @@ class DecoupledLearnerSync:
 
     def scatter(self, p: int, vector: np.ndarray) -> None:
         self.learner.params = self.ops.write(self.learner.params, p, self.ops.to_device(p, vector))
+
+    def compile(self) -> None:
+        """Compile the step and both fragment functions now (or load them from the cache)."""
+        self.learner.compile()
+        self.ops.compile(self.learner.params)
 
     # -- threads ------------------------------------------------------------------------------
 
@@ -160,8 +166,11 @@ class DecoupledLearnerSync:
             payload=payload,
             sent_at=time.time(),
         )
-        with self._lock:  # one ordered stream of sends, also against a reconnect re-sending
-            self.unacked[push.seq] = push
+        # One ordered stream of sends, also against a reconnect re-sending; deliveries, which take
+        # only `_lock`, never wait behind a slow send.
+        with self._send_lock:
+            with self._lock:
+                self.unacked[push.seq] = push
             self.transport.send(self._push, push, link=self.learner.index)
 
     def flush_sends(self) -> None:
@@ -310,9 +319,10 @@ class DecoupledLearnerSync:
 
     def reconnect(self, push: RemoteMethod) -> int:
         """Send future pushes to `push`, and re-send every unacknowledged one there, in order."""
-        with self._lock:
+        with self._send_lock:
             self._push = push
-            pending = [self.unacked[seq] for seq in sorted(self.unacked)]
+            with self._lock:
+                pending = [self.unacked[seq] for seq in sorted(self.unacked)]
             for item in pending:
                 self.transport.send(push, item, link=self.learner.index)
         return len(pending)

@@ -14,10 +14,14 @@ class EvaluatorWorker:
     """Lives in the evaluator actor: evaluates global parameter snapshots off the critical path."""
 
     def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
+        self.recipe = Recipe.model_validate(recipe_json)
+        from dlc.core.runtime import compilation_cache_dir, enable_compilation_cache
+
+        if self.recipe.run.compile_cache:  # before JAX compiles anything in this process
+            enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
         from dlc.core.evaluate import Evaluator
         from dlc.core.model import build_model, unflatten_params
 
-        self.recipe = Recipe.model_validate(recipe_json)
         graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
         self._unflatten = unflatten_params
         self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)

@@ -103,7 +103,9 @@ def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
 def overrides_for(scenario: str, algorithm: str, args: argparse.Namespace, facts: dict, sizing: dict) -> list[str]:
     steps = math.ceil(args.tokens / sum(facts["tokens_per_step"]))  # inner steps per learner
     every = NO_EVAL_STEPS if algorithm == "none" else max(1, steps // 8)
-    out = [f"algorithm={algorithm}", "run.max_steps=null", f"run.max_tokens={args.tokens}", f"eval.every_steps={every}"]
+    # A variant of an algorithm is named ALGORITHM+LABEL ("decoupled+spares") and set with --set.
+    out = [f"algorithm={algorithm.partition('+')[0]}", "run.max_steps=null", f"run.max_tokens={args.tokens}"]
+    out += [f"eval.every_steps={every}"]
     out += [item.partition(":")[2] for item in args.set if item.partition(":")[0] == algorithm]
     if scenario == "thin":
         out += [
@@ -266,10 +268,12 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 
 def after_startup(summary: dict[str, Any]) -> float | None:
-    """Productive / (allocated - startup): goodput once every process runs and has compiled."""
+    """Productive / (allocated - startup): goodput once every process runs and has compiled. Hot
+    spares' idle time (`spare_s`) counts as allocated: it is hardware the run holds."""
     rows = (summary.get("goodput_by_learner") or {}).values()
     productive = sum(r.get("productive", 0.0) for r in rows)
     allocated = sum(v for r in rows for k, v in r.items() if k not in ("goodput", "startup"))
+    allocated += summary.get("spare_s") or 0.0
     return productive / allocated if allocated > 0 else None
 
 
@@ -502,7 +506,12 @@ def render(data: dict[str, Any], target_arg: float | None) -> tuple[str, list[di
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default="recipes/tiny.yaml")
-    ap.add_argument("--algorithms", default="decoupled,diloco,dp", help="comma-separated: decoupled, diloco, dp")
+    ap.add_argument(
+        "--algorithms",
+        default="decoupled,diloco,dp",
+        help="comma-separated: decoupled, diloco, dp, or a variant ALGORITHM+LABEL given its overrides by --set "
+        "(e.g. decoupled+spares with --set decoupled+spares:learners.spares=1)",
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated: {', '.join(SCENARIOS)}")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=4 * 300 * 16 * 64, help="tokens trained by every run")

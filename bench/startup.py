@@ -101,11 +101,15 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=3, help="kills per run, on learners 1, 2, ... in turn")
     ap.add_argument("--gap-s", type=float, default=25.0, help="seconds between kills")
     ap.add_argument("--step-s", type=float, default=0.25, help="learners.step_time_s (pace) of every run")
+    ap.add_argument("--settings", default=",".join(name for name, _ in SETTINGS), help="which settings to run")
+    ap.add_argument("--keep", help="keep the run directories here (default: a temporary directory)")
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
     args = ap.parse_args()
+    chosen = args.settings.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
+        tmp_path = Path(args.keep or tmp)
+        tmp_path.mkdir(parents=True, exist_ok=True)
         cache = tmp_path / "xla"
         plan = tmp_path / "kills.yaml"
         # The first kill waits for every learner to train (warm-up), the rest follow every gap.
@@ -116,7 +120,7 @@ def main() -> None:
         steps = int((args.gap_s * (args.kills + 2)) / args.step_s)
         common = [f"learners.step_time_s={args.step_s}", f"run.max_steps={steps}", f"run.compile_cache_dir={cache}"]
         train(args.recipe, tmp_path / "warm", None, *common, "run.max_steps=3")  # fills the cache
-        for name, overrides in SETTINGS:
+        for name, overrides in [(n, o) for n, o in SETTINGS if n in chosen]:
             run_dir = tmp_path / name.replace(" ", "-").replace("+", "")
             print(f"{name} ...", file=sys.stderr)
             train(args.recipe, run_dir, plan, *common, *overrides)

@@ -232,3 +232,22 @@ def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
         (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / session).unlink(missing_ok=True)
         kill_tree(proc)
         proc.communicate()  # closes the pipes
+
+
+def test_start_up_phases_and_hot_spares_show_while_live(tmp_path):
+    rows = [
+        learner_row(0),
+        learner_row(1, state="restarting", phase="spare s0 taking over"),
+        learner_row(2, state="starting", phase="loading compiled step"),
+        learner_row(3, state="rejoining", phase="copying state from 0"),
+    ]
+    spares = [{"id": "s1", "state": "spare", "phase": "compiling", "startup": {}}]
+    text = frame(make_run(tmp_path / "r", status(learners=rows, spares=spares)))
+    assert "restarting: spare s0 taking over" in text
+    assert "starting: loading compiled step" in text and "rejoining: copying state from 0" in text
+    assert row(text, 0)[1] == "training"  # a trained learner shows no phase
+    spare = next(line for line in text.splitlines() if line.lstrip().startswith("s1 "))
+    assert spare.split()[:3] == ["s1", "spare:", "compiling"]
+    # A finished run holds no spares.
+    done = frame(make_run(tmp_path / "done", status("completed", learners=rows, spares=spares), summary=summary()))
+    assert "s1 " not in done

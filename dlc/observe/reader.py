@@ -223,6 +223,7 @@ class RunReader:
             "goodput": goodput if goodput is not None else _num(st.get("goodput")),
             "badput": _badput(_dict(summary)) or _badput(st),
             "learners": learners,
+            "spares": self._spares(st, live),
             "syncer": {
                 "rounds_closed": _int(sync.get("rounds_closed")),
                 "quorum": sync.get("quorum"),
@@ -284,9 +285,24 @@ class RunReader:
                     "rejected": _int(r.get("rejected", self.rejected.get(i, 0))),
                     "goodput": _num(r.get("goodput")),
                     "pid": pid,
+                    "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
                 }
             )
         return out
+
+    @staticmethod
+    def _spares(st: dict[str, Any], live: bool) -> list[dict[str, Any]]:
+        """Hot spares while the run is live (a finished run holds none)."""
+        rows = st.get("spares") if live else None
+        return [
+            {
+                "id": str(r.get("id")),
+                "state": "spare",
+                "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
+            }
+            for r in rows or []
+            if isinstance(r, dict)
+        ]
 
     def _rates(
         self, updated: float | None, up: int, down: int, elapsed: float | None, live: bool

@@ -113,7 +113,7 @@ class DecoupledLearnerSync:
         # re-send to a restarted syncer.
         self.unacked: dict[int, Push] = {}
         self.background = False
-        self._outbox: queue.Queue[Outgoing | None] = queue.Queue()
+        self._outbox: queue.Queue[Outgoing] = queue.Queue()
         self._sender: threading.Thread | None = None
         self.failure: str | None = None  # what broke the sender thread, raised in the loop
 
@@ -142,12 +142,10 @@ class DecoupledLearnerSync:
             self._sender.start()
         self.background = True
 
-    def _send_loop(self) -> None:
+    def _send_loop(self) -> None:  # a daemon thread: it ends with the process
         while True:
             item = self._outbox.get()
             try:
-                if item is None:
-                    return
                 self._send(item)
             except Exception:  # the loop raises it at its next step
                 self.failure = traceback.format_exc()

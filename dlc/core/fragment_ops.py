@@ -19,6 +19,7 @@ written), so neither function is compiled more than once, whatever fragment it g
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import jax
@@ -119,14 +120,16 @@ class FragmentOps:
         self._zeros = self.put(np.zeros(self.M, np.float32))
         self._extract: Any = None  # the compiled functions: `compile`
         self._swap: Any = None
+        self._compiling = threading.Lock()  # a learner compiles in a thread of its own
 
     def compile(self, params: Params) -> None:
         """Compile both functions for these parameters now (or load them from the persistent cache),
         once: every fragment and every later call runs these executables."""
-        if self._extract is None:
-            vector, index, scalar = self._zeros, self.indices[0], np.float32(0)
-            self._extract = self.extract.lower(params, vector, index).compile()
-            self._swap = self.swap.lower(params, index, vector, vector, scalar, scalar).compile()
+        with self._compiling:
+            if self._swap is None:
+                vector, index, scalar = self._zeros, self.indices[0], np.float32(0)
+                self._extract = self.extract.lower(params, vector, index).compile()
+                self._swap = self.swap.lower(params, index, vector, vector, scalar, scalar).compile()
 
     # -- host <-> device ----------------------------------------------------------------------
 
@@ -165,7 +168,8 @@ class FragmentOps:
 
     def push(self, params: Params, p: int, anchor_M: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Dispatch the extraction of fragment p; its outputs start copying to the host at once."""
-        self.compile(params)
+        if self._swap is None:
+            self.compile(params)
         payload, scales, theta = self._extract(params, anchor_M, self.indices[p])
         payload.copy_to_host_async()
         scales.copy_to_host_async()
@@ -175,6 +179,7 @@ class FragmentOps:
         self, params: Params, p: int, value_M: jax.Array, ref_M: jax.Array | None = None, a: float = 0.0, b: float = 0.0
     ) -> Params:
         """Dispatch `theta[p] <- value + a * theta[p] - b * ref`; the old parameters are donated."""
-        self.compile(params)
+        if self._swap is None:
+            self.compile(params)
         ref = self._zeros if ref_M is None else ref_M
         return self._swap(params, self.indices[p], value_M, ref, np.float32(a), np.float32(b))

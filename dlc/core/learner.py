@@ -7,6 +7,7 @@ after step t+1 has been dispatched so the host never waits on the device for the
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ class Learner:
         self.stream: Any = None if stream_bytes is None else ByteStream(stream_bytes, self.batch_size, self.seq_len)
         self._train_step = make_train_step(self.graphdef, self.optimizer)
         self._step_fn: Any = None  # the compiled train step: `compile`
+        self._compiling = threading.Lock()  # the engine compiles in a thread of its own
         self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
         self.step = 0
         self.tokens = 0
@@ -66,15 +68,17 @@ class Learner:
     def compile(self) -> None:
         """Compile the train step for this learner's shapes now (or load it from the persistent
         cache), once: every later call runs this executable, whatever state is loaded."""
-        if self._step_fn is None:
-            batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
-            self._step_fn = self._train_step.lower(self.params, self.opt_state, batch, batch).compile()
+        with self._compiling:
+            if self._step_fn is None:
+                batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
+                self._step_fn = self._train_step.lower(self.params, self.opt_state, batch, batch).compile()
 
     def compile_gradient(self) -> None:
         """The data-parallel learner's step, compiled once like `compile`."""
-        if self._grad_step is None:
-            batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
-            self._grad_step = make_grad_step(self.graphdef).lower(self.params, batch, batch).compile()
+        with self._compiling:
+            if self._grad_step is None:
+                batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
+                self._grad_step = make_grad_step(self.graphdef).lower(self.params, batch, batch).compile()
 
     def rebind(self, index: int, recipe: Recipe, stream_bytes: np.ndarray) -> None:
         """Become learner `index` with its data stream (a hot spare taking a slot over).
@@ -82,9 +86,10 @@ class Learner:
         A slot whose batch size differs from the spare's compiles its own step at the first step.
         """
         settings = recipe.learners.resolved(index)
-        if settings.batch_size != self.batch_size:
-            self._step_fn = self._grad_step = None
-        self.index, self.batch_size, self.pace_s = index, settings.batch_size, settings.step_time_s
+        with self._compiling:  # not while a compilation for the old batch size is under way
+            if settings.batch_size != self.batch_size:
+                self._step_fn = self._grad_step = None
+            self.index, self.batch_size, self.pace_s = index, settings.batch_size, settings.step_time_s
         self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
 
     def _pace(self) -> float:
@@ -99,7 +104,8 @@ class Learner:
         """Dispatch one inner step; return the previous step's record (None on the first)."""
         start = self._pace()
         x_BxT, y_BxT = self.stream.next_batch()
-        self.compile()
+        if self._step_fn is None:
+            self.compile()
         self.params, self.opt_state, metrics = self._step_fn(self.params, self.opt_state, x_BxT, y_BxT)
         self.step += 1
         self.tokens += self.tokens_per_step
@@ -112,7 +118,8 @@ class Learner:
         Counts as a step (tokens, step counter, record); the parameters do not change here.
         """
         self.flush()
-        self.compile_gradient()
+        if self._grad_step is None:
+            self.compile_gradient()
         start = self._pace()
         x_BxT, y_BxT = self.stream.next_batch()
         loss, grads, norm = jax.device_get(self._grad_step(self.params, x_BxT, y_BxT))

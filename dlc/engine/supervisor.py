@@ -321,6 +321,12 @@ class Supervisor:
             try:
                 result = ray.get(rec.ref)
             except ray.exceptions.RayError as exc:
+                if rec.spare and rec.phase == "restarting":  # the spare died before it took over
+                    self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
+                    actor = self.make_learner(i, slot.stream, self.restarts[i])
+                    slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=rec.died_at)
+                    slot.view["phase"] = "starting process"
+                    continue
                 self.failure = f"learner {i} could not be restarted: {exc}"
                 slot.recovery = None
                 continue

@@ -279,7 +279,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
     rejected = s.get("pushes_rejected", sync.get("rejections")) or {}
     wall, tokens = s.get("wall_s", s.get("elapsed_s")), s.get("tokens_total", s.get("tokens"))
     initial, final = s.get("eval_loss_initial"), s.get("eval_loss_final", s.get("eval_loss"))
-    goodput = s.get("goodput")
+    goodput, spared = s.get("goodput"), s.get("goodput_with_spares")
     return [
         ("status", _fmt(s.get("status", s.get("state")))),
         ("algorithm", _fmt(s.get("algorithm"))),
@@ -293,6 +293,8 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("eval loss final", _fmt(final)),
         ("eval bits/byte final", _fmt(s.get("eval_bpb_final", s.get("eval_bpb")))),
         ("goodput (%)", _fmt(None if goodput is None else 100 * goodput, 1)),
+        ("goodput counting hot spares (%)", _fmt(None if spared is None else 100 * spared, 1)),
+        ("hot spares idle (s)", _fmt(s.get("spare_s"), 1)),
         ("rounds closed", _fmt(s.get("rounds", sync.get("rounds_closed")))),
         ("contributors/round", _fmt(s.get("mean_contributors", sync.get("mean_contributors")), 2)),
         ("pushes accepted", _fmt(s.get("pushes_accepted", sync.get("pushes_accepted")))),

@@ -25,7 +25,7 @@ def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:
             ray.shutdown()
             raise UserError(
                 f"the Ray cluster at {cfg.address} has {available:g} CPUs, the recipe reserves {cpus_needed:g}: "
-                "lower learners.num_cpus / syncer.num_cpus or add nodes"
+                "lower learners.num_cpus, learners.spares, learners.join_streams or syncer.num_cpus, or add nodes"
             )
     else:
         # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.

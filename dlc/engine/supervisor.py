@@ -90,7 +90,7 @@ class Supervisor:
         self.rundir = rundir
         self.syncer = syncer
         self.make_learner = make_learner  # (index, stream_ref, incarnation) -> actor handle
-        self.make_spare = make_spare  # () -> actor handle of a new hot spare
+        self.make_spare = make_spare  # (requested_at) -> actor handle of a new hot spare
         self.slots: dict[int, LearnerSlot] = {}
         self.join_streams = list(join_streams)  # ObjectRefs of streams no learner has read
         self.spares: list[Spare] = []

@@ -60,6 +60,7 @@ class _InFlight:
     learner: int | None
     ends_at_s: float | None  # None: until the controller stops
     seen_down: bool = False  # a kill: its learner was seen unhealthy since
+    pid: int | None = None  # a kill: the process it killed
 
 
 class Controller:
@@ -153,6 +154,7 @@ class Controller:
     def _settle(self, learners: list[LearnerInfo], now: float) -> None:
         """Drop the faults that are no longer in flight."""
         states = {info.id: info.state for info in learners}
+        pids = {info.id: info.pid for info in learners}
         keep = []
         for f in self._in_flight:
             if f.ends_at_s is not None and now >= f.ends_at_s:
@@ -161,7 +163,9 @@ class Controller:
             if f.fault.kind is FaultKind.KILL:
                 if state is not None and state not in ("training", "slow"):
                     f.seen_down = True
-                elif f.seen_down:  # trains again after having been down: recovered
+                elif f.seen_down or (state is not None and f.pid is not None and pids.get(f.learner) != f.pid):
+                    # Trains again after having been down, or in a new process: recovered (a hot
+                    # spare can be back between two polls, never seen down).
                     continue
             if f.fault.kind is FaultKind.LEAVE and (state is None or state in GONE_STATES):
                 continue
@@ -189,7 +193,8 @@ class Controller:
                 return
             self._record(fault, now, INJECTED, detail)
         self._last_fired_s = now
-        self._in_flight.append(_InFlight(fault, fault.learner, self._ends_at(fault, now)))
+        killed = pid if fault.kind is FaultKind.KILL else None
+        self._in_flight.append(_InFlight(fault, fault.learner, self._ends_at(fault, now), pid=killed))
 
     def _ends_at(self, fault: Fault, now: float) -> float | None:
         if fault.kind.has_duration:

@@ -142,8 +142,8 @@ class Plan(BaseModel):
     in_flight_max_s: float = Field(
         60.0,
         gt=0,
-        description="A kill is in flight until its learner trains again, a leave until it is gone, a syncer kill "
-        "for this long; none longer than this.",
+        description="A kill is in flight until its learner trains again after being seen down or in a new "
+        "process (a hot spare), a leave until it is gone, a syncer kill for this long; none longer than this.",
     )
     kill_per_learner_per_min: float = Field(0.0, ge=0, description="Poisson rate of kills, per learner per minute.")
     stall_per_learner_per_min: float = Field(0.0, ge=0, description="Poisson rate of stalls, per learner per minute.")

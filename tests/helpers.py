@@ -170,6 +170,8 @@ class FakeTarget:
         self.clock = clock
         self.states = {i: "training" for i in range(learners)}
         self.script: list[tuple[float, int, str]] = []
+        self.pids = {i: 1000 + i for i in range(learners)}
+        self.pid_script: list[tuple[float, int, int]] = []  # (at_s, learner, its new process id)
         self.quorum_value = quorum
         self.running_until = math.inf
         self.calls: list[tuple[Any, ...]] = []
@@ -181,7 +183,10 @@ class FakeTarget:
             if at <= self.clock.now:
                 self.states[learner] = state
         self.script = [s for s in self.script if s[0] > self.clock.now]
-        return [LearnerInfo(i, 1000 + i, s) for i, s in sorted(self.states.items())]
+        for at, learner, pid in self.pid_script:
+            if at <= self.clock.now:
+                self.pids[learner] = pid
+        return [LearnerInfo(i, self.pids[i], s) for i, s in sorted(self.states.items())]
 
     def quorum(self) -> int:
         return self.quorum_value

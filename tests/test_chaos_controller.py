@@ -119,6 +119,17 @@ def test_a_kill_is_in_flight_until_its_learner_trains_again():
     )
     assert target.calls == [("kill", 0), ("kill", 2)]
 
+    # A hot spare is back training in a new process between two polls, never seen down: the new
+    # process id says the kill is over.
+    clock = SleepingClock()
+    target = FakeTarget(clock)
+    target.pid_script = [(2, 0, 5000)]
+    timeline = [{"at_s": 1, "fault": "kill", "learner": 0}, {"at_s": 5, "fault": "kill", "learner": 1}]
+    controller = run_plan(
+        bare_plan(max_concurrent=1, in_flight_max_s=60, timeline=timeline, duration_s=10), target, clock
+    )
+    assert target.calls == [("kill", 0), ("kill", 1)] and controller.report.refused == Counter()
+
 
 def test_faults_on_missing_busy_or_unhealthy_learners_are_refused():
     clock = SleepingClock()

@@ -6,6 +6,7 @@ from typing import Any
 
 from dlc.config.schema import Recipe
 from dlc.core.data import load_corpus, split_corpus
+from dlc.core.runtime import prepare_compilation_cache
 from dlc.engine.driver import Driver, Outcome
 from dlc.observe.console import ProgressView
 from dlc.run.rundir import RunDir
@@ -18,6 +19,8 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, c
     min_bytes = max(recipe.learners.resolved(i).batch_size for i in range(recipe.learners.count))
     streams = recipe.learners.count + recipe.learners.join_streams
     split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
+    # Refused before the run directory is touched.
+    cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
     rundir, resume = RunDir.prepare(recipe, fresh)
     rundir.event(
         "run_started",
@@ -28,6 +31,8 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, c
         algorithm=recipe.algorithm,
         resumed=resume,
     )
+    if cache is not None:
+        rundir.event("compile_cache", **cache)
     try:
         return Driver(recipe, rundir, resume, split, view, chaos_plan).run()
     finally:

@@ -61,3 +61,14 @@ def test_repair_removes_only_entries_cut_off_mid_write(tmp_path):
     assert repair_compilation_cache(cache) == 1
     assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == ["whole-atime", "whole-cache"]
     assert repair_compilation_cache(tmp_path / "new") == 0 and (tmp_path / "new").is_dir()
+
+
+def test_an_unusable_cache_directory_is_refused_before_the_run_directory_exists(tmp_path):
+    from tests.helpers import TINY, assert_user_error, invoke
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    run_dir = tmp_path / "run"
+    result = invoke("train", str(TINY), f"run.dir={run_dir}", f"run.compile_cache_dir={blocker / 'xla'}")
+    assert_user_error(result, "run.compile_cache_dir", "run.compile_cache=false")
+    assert not run_dir.exists()

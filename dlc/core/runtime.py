@@ -74,6 +74,21 @@ def repair_compilation_cache(directory: Path) -> int:
     return removed
 
 
+def prepare_compilation_cache(configured: str) -> dict[str, Any]:
+    """Before a run: create the shared cache and repair it, or refuse with the fix."""
+    from dlc.errors import UserError
+
+    directory = compilation_cache_dir(configured)
+    try:
+        removed = repair_compilation_cache(directory)
+    except OSError as exc:
+        raise UserError(
+            f"cannot use run.compile_cache_dir={configured!r}: {exc.strerror or exc}; "
+            "point it at a writable directory or set run.compile_cache=false"
+        ) from None
+    return {"dir": str(directory), "torn_entries_removed": removed}
+
+
 class CompileLog:
     """Counts, in this process, the functions XLA compiled and those loaded from the cache."""
 

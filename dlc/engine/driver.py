@@ -107,7 +107,6 @@ class Driver:
             + (learners.join_streams + learners.spares) * learners.num_cpus
             + self.recipe.syncer.num_cpus
         )
-        self._prepare_compile_cache()
         started = cluster.start_cluster(self.recipe.cluster, cpus)
         self.rundir.event("cluster_started", **started)
         try:
@@ -205,23 +204,6 @@ class Driver:
             rundir.event("learner_started", learner=i, pid=pid)
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
         self.supervisor.keep_spares()  # after the learners, which come first for CPUs and compile time
-
-    def _prepare_compile_cache(self) -> None:
-        """Create the shared compilation cache and clear what a killed writer left half written."""
-        from dlc.core.runtime import compilation_cache_dir, repair_compilation_cache
-        from dlc.errors import UserError
-
-        if not self.recipe.run.compile_cache:
-            return
-        directory = compilation_cache_dir(self.recipe.run.compile_cache_dir)
-        try:
-            removed = repair_compilation_cache(directory)
-        except OSError as exc:
-            raise UserError(
-                f"cannot use run.compile_cache_dir={self.recipe.run.compile_cache_dir!r}: {exc.strerror or exc}; "
-                "point it at a writable directory or set run.compile_cache=false"
-            ) from None
-        self.rundir.event("compile_cache", dir=str(directory), torn_entries_removed=removed)
 
     def _watch(self, stop: StopRequest) -> None:
         last_status = 0.0

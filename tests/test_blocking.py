@@ -92,7 +92,7 @@ def make_barrier(members=3):
     clock = FakeClock()
     sent = []
     deliver = lambda i, m: sent.append((i, m.version)) or 0  # noqa: E731
-    syncer = BarrierSyncer(recipe, initial, deliver, clock, OuterStep, "none", "none", "tokens_per_step")
+    syncer = BarrierSyncer(recipe, initial, deliver, clock, OuterStep, "none", "none", "tokens_squared_per_step")
     for i in range(members):
         syncer.join(i)
     return syncer, clock, sent

@@ -42,8 +42,11 @@ def test_three_kills_heal_and_cost_little(tmp_path, calm_run):
         assert {"detected", "restarted", "state_copied", "first_push"} <= set(phases), phases
     copied = [e for e in events if e["kind"] == "learner_rejoined"]
     assert sorted(e["learner"] for e in copied) == [1, 2, 3] and all(e["peer"] is not None for e in copied)
-    # The copy is the peer's step and data position (a learner's position equals its step here).
-    assert all(e["data_position"] == e["step"] > 0 for e in copied)
+    # The copy is the peer's step, but the learner goes on from its own place in its own stream:
+    # where it was when it died, not where the peer is in the peer's.
+    died_at = {e["learner"]: e for e in events if e["kind"] == "learner_died"}
+    assert all(e["data_position"] == died_at[e["learner"]]["data_position"] > 0 for e in copied)
+    assert all(e["step"] > 0 for e in copied)
     assert summary["status"] == "completed" and summary["restarts"] == {"1": 1, "2": 1, "3": 1}
     # The others never paused: while a learner was down, every other learner that was not itself
     # recovering kept pushing (a learner pushes a fragment every step).

@@ -37,6 +37,7 @@ def test_overrides_apply(tmp_path):
         (["modle.width=4"], "unknown key modle: did you mean model?"),
         (["learners.count=0"], "learners.count=0: Input should be greater than or equal to 1"),
         (["model.num_heads=3"], "model.num_heads=3 does not divide model.width=64"),
+        (["syncer.weighting=tokens_per_step"], "is now called tokens_squared_per_step"),
         (["learners.seq_len=512"], "learners.seq_len=512 is longer than model.context_len=64"),
         (["data.source=web"], "data.source='web'"),
         (["run.max_steps=null"], "no stop condition"),

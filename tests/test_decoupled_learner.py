@@ -265,3 +265,29 @@ def _traffic(recipe):
     from dlc.algo import get_algorithm
 
     return get_algorithm("decoupled").traffic(recipe)
+
+
+def test_a_resumed_learner_continues_from_the_global_model_and_undoes_no_merge():
+    # Learner 0 checkpoints, the run goes on merging, then learner 0 is resumed from that checkpoint.
+    # Its first push must carry only what it learns from now on: if it kept its old parameters with
+    # the global fragments as anchors, `anchor - theta` would undo every merge since its checkpoint.
+    run = make_run(twin_recipe(learners=2, outer_lr=1.0, outer_momentum=0.0))
+    for _ in range(8):
+        run.step_all()
+    sync = run.syncs[0]
+    sync.learner.flush()
+    tree, meta = jax.device_get(sync.learner.state_tree()), sync.learner.state_meta()
+    sync_tree, sync_meta = sync.state()
+    for _ in range(16):
+        run.step_all()
+    sync.learner.load_state(tree, meta)
+    sync.load(sync_tree, sync_meta)
+    fragments, versions = run.syncer.global_fragments(), run.syncer.versions()
+    behind = [float(np.linalg.norm(f - sync.gather(p))) for p, f in enumerate(fragments)]
+    assert min(behind) > 0  # its checkpoint is behind the global model on every fragment
+    sync.resume_from_global(fragments, versions)
+    assert sync.learner.step == meta["step"] and sync.versions == versions  # its own step, the global clock
+    for p, fragment in enumerate(fragments):
+        np.testing.assert_array_equal(sync.gather(p), fragment)  # the global model, ...
+        np.testing.assert_array_equal(sync.ops.to_host(p, sync.anchors[p]), fragment)  # ... nothing to push yet
+    assert sync.unpushed_steps() == 0

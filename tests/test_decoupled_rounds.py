@@ -35,10 +35,11 @@ def push(
     tokens: int = 400,
     sent_at: float = 0.0,
     codec: str = "none",
+    incarnation: int = 0,
 ) -> Push:
     delta = np.broadcast_to(np.asarray(value, dtype=np.float32), (SIZE,))
     payload = get_codec(codec).encode(delta)
-    return Push(learner, fragment, base, steps, tokens, seq, payload, sent_at)
+    return Push(learner, fragment, base, steps, tokens, seq, payload, sent_at, incarnation)
 
 
 def book(
@@ -283,6 +284,21 @@ def test_second_push_from_the_same_anchor_supersedes() -> None:
     np.testing.assert_array_equal(result.deltas[0], [3.0] * SIZE)
     # Counters are reset on each send, so they add: 4 + 4 steps, 400 + 400 tokens.
     assert (result.steps, result.tokens) == ((8, 4), (800, 400))
+    # Both of learner 0's pushes are merged here, the superseded one inside the other.
+    assert result.seqs == (1, 0) and result.merged_seqs == ((0, 1), (0,))
+
+
+def test_the_merge_history_moves_to_another_book() -> None:
+    # What a restarted syncer restores: learner 0's merged seq 0 (base 0), so its cumulative seq 1
+    # from the same anchor counts only its new part, 3 - 1.
+    rounds = book(ClockAt())
+    rounds.submit(push(0, seq=0, value=1.0))
+    rounds.close(0)
+    restored = RoundBook([SIZE, SIZE], "none", clock=ClockAt(), versions=rounds.versions)
+    restored.restore_merged_history(rounds.merged_history())
+    assert restored.merged_history(0) == rounds.merged_history(0) and restored.merged_history(1) == {}
+    restored.submit(push(0, seq=1, value=3.0))
+    np.testing.assert_array_equal(restored.close(0).deltas[0], [2.0] * SIZE)
 
 
 def test_late_push_from_a_merged_anchor_counts_only_the_new_part() -> None:
@@ -343,10 +359,10 @@ def test_forget_learner_starts_a_new_incarnation() -> None:
     assert rounds.last_seq(0) == 5
     assert rounds.submit(push(0, seq=5, fragment=1)).reason == Reject.DUPLICATE
     # Learner 0 restarts from a peer's state: seqs start again and its deltas, though
-    # from the same base version, do not contain its old push.
+    # from the same base version, do not contain its old push (its pushes say it is a new process).
     rounds.forget_learner(0)
     assert rounds.last_seq(0) is None
-    verdict = rounds.submit(push(0, seq=0, value=3.0))
+    verdict = rounds.submit(push(0, seq=0, value=3.0, incarnation=1))
     assert verdict.accepted and verdict.part and not verdict.superseded
     # The new push counts in full, beside the old one: nothing netted against it.
     np.testing.assert_array_equal(rounds.close(0).deltas[0], [4.0] * SIZE)

@@ -204,15 +204,18 @@ def test_int4_downlink_sends_differences_and_feeds_the_error_back():
     assert second.base_version == 1
     np.testing.assert_allclose(get_codec("int4", 4).decode(second.payload), [0, 0, -0.04, 0] * 2, atol=1e-6)
     np.testing.assert_allclose(syncer.held[0], theta, atol=1e-6)  # the learners now hold theta
-    # A restarted learner holds a peer's copy, no version of ours: it gets the value, whole.
+    # A restarted learner holds a peer's copy, no version of ours: at once it gets every fragment
+    # merged so far whole (fragment 1 never was), then differences like everyone.
+    delivered.clear()
     syncer.rejoin(1)
+    ((learner, whole),) = delivered
+    assert learner == 1 and whole.fragment == 0 and whole.version == 2 and whole.base_version is None
+    np.testing.assert_array_equal(get_codec("none").decode(whole.payload), syncer.held[0])
     delivered.clear()
     syncer.open_round(0)
     syncer.push(push(0, 0, np.zeros(8), seq=2, base=2))
     syncer.tick()
-    by_learner = dict(delivered)
-    assert by_learner[0].base_version == 2 and by_learner[1].base_version is None
-    np.testing.assert_array_equal(get_codec("none").decode(by_learner[1].payload), syncer.held[0])
+    assert [(m, msg.base_version) for m, msg in delivered] == [(0, 2), (1, 2)]
 
 
 def test_after_a_syncer_restart_every_learner_gets_each_fragment_whole_first():
@@ -220,6 +223,7 @@ def test_after_a_syncer_restart_every_learner_gets_each_fragment_whole_first():
     # even at version 0 its fragments are not the initial parameters, so no difference can start there.
     syncer, plan, delivered, _ = make(learners=1, down_codec="int4", codec_block_values=4)
     syncer.join(0, holds_initial=False)
+    assert delivered == []  # nothing merged yet: nothing to send
     syncer.open_round(0)
     syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
     syncer.tick()

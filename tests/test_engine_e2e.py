@@ -34,6 +34,11 @@ def test_four_learners_merge_and_learn(calm_run):
     codec = get_codec("int4", recipe.syncer.codec_block_values)
     accepted = [e for e in events if e["kind"] == "push_accepted"]
     assert accepted and all(e["bytes"] == codec.encoded_nbytes(plan.size(e["fragment"])) for e in accepted)
+    # Every push a learner sent is in the log, and every one accepted was merged in exactly one round.
+    sent = [(e["learner"], e["seq"]) for e in events if e["kind"] == "push_sent"]
+    assert len(sent) == len(set(sent)) == sum(learner["pushes"] for learner in summary["learners"])
+    merged = [tuple(pair) for e in closed for pair in e["merged"]]
+    assert sorted(merged) == sorted((e["learner"], e["seq"]) for e in accepted) and set(merged) <= set(sent)
     assert summary["bytes_up"] == sum(learner["bytes_sent"] for learner in summary["learners"])
     # The global model learned: bytes start near ln 256 = 5.55 nats.
     assert summary["eval_loss_final"] < 0.65 * summary["eval_loss_initial"]
@@ -47,5 +52,7 @@ def test_four_learners_merge_and_learn(calm_run):
     assert {"versions", "quorum", "grace_window_s", "rejections", "bytes_up", "bytes_down"} <= set(status["syncer"])
     train_lines = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "train"]
     assert {m["learner"] for m in train_lines} == {0, 1, 2, 3}
-    # Without faults the goodput ledger holds only start-up and productive time.
+    # Without faults the goodput ledger holds start-up, the checkpoints each learner wrote at step
+    # 200 while training (its loop stood still for them), and productive time.
     assert summary["badput"]["dead"] == 0 and summary["badput"]["stalled"] == 0 and summary["goodput"] > 0.5
+    assert summary["badput"]["checkpoint"] > 0

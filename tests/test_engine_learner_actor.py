@@ -1,5 +1,6 @@
 """The learner actor's worker without Ray, wired to a syncer worker the way the supervisor wires
-the actors: a learner restarted with no healthy peer starts from the syncer's global fragments."""
+the actors: a restarted learner starts from a peer's state or the syncer's global fragments, at its
+own place in its own data stream."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from dlc.algo.decoupled.messages import Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
+from dlc.core.data import ByteStream
 from dlc.engine.learner_actor import LearnerWorker
 from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
@@ -27,12 +29,35 @@ def test_a_learner_with_no_peer_to_copy_starts_from_the_global_fragments(tmp_pat
 
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
     learner = LearnerWorker(recipe_json, 1, stream, str(tmp_path), SimpleNamespace(push=Direct(lambda push: None)))
-    # The supervisor passes the syncer's answer on as it comes: one (fragments, versions) value.
-    where = learner.import_global(syncer.global_fragments())
+    # The supervisor passes the syncer's answer on as it comes: one (fragments, versions) value,
+    # and where the learner's previous process had got to in its stream.
+    where = learner.import_global(syncer.global_fragments(), 17)
 
     fragments, versions = learner.sync.peer_view()
     expected, expected_versions = syncer.global_fragments()
     assert where["peer"] is None and versions == expected_versions == [1, 0]
+    assert where["data_position"] == learner.learner.position == 17
     for mine, theirs in zip(fragments, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     syncer.close()
+
+
+def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(tmp_path):
+    recipe = load_recipe(TINY, ["learners.count=2", "syncer.fragments=2"])
+    recipe_json = recipe.model_dump(mode="json")
+    no_syncer = SimpleNamespace(push=Direct(lambda push: None))
+    streams = [np.random.default_rng(i).integers(0, 256, 200_000, dtype=np.uint8) for i in range(2)]
+    peer = LearnerWorker(recipe_json, 0, streams[0], str(tmp_path), no_syncer)
+    for _ in range(5):
+        peer.learner.train_step()
+    state = peer.export_state()  # not training: copied directly
+    assert state["meta"]["step"] == state["meta"]["data_position"] == 5
+
+    # Learner 1's previous process had read 3 batches of its own stream when it died.
+    rejoined = LearnerWorker(recipe_json, 1, streams[1], str(tmp_path), no_syncer, incarnation=1)
+    where = rejoined.import_state(state, 3)
+    assert where == {**where, "peer": 0, "step": 5, "data_position": 3}  # the peer's step, its own position
+    # Its next batch is the fourth of its own stream: nothing of its shard repeated or skipped.
+    own = ByteStream(streams[1], recipe.learners.batch_size, recipe.learners.seq_len, position=3).next_batch()
+    for got, expected in zip(rejoined.learner.stream.next_batch(), own, strict=True):
+        np.testing.assert_array_equal(got, expected)

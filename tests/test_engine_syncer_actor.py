@@ -15,17 +15,18 @@ from dlc.engine.syncer_actor import SyncerWorker
 from tests.helpers import TINY
 
 
-def worker(run_dir):
-    recipe = load_recipe(TINY, ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2"])
+def worker(run_dir, register=True):
+    overrides = ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2"]
+    recipe = load_recipe(TINY, [*overrides, "syncer.merge=mean", "syncer.down_codec=none"])
     w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir))
     delivered = []
-    for i in range(2):
+    for i in range(2 if register else 0):
         w.register(i, SimpleNamespace(deliver=Direct(delivered.append)))
     return w
 
 
-def push(w, fragment, seq, base):
-    delta = np.full(w.syncer.plan.size(fragment), 1e-3, np.float32)
+def push(w, fragment, seq, base, scale=1.0):
+    delta = np.full(w.syncer.plan.size(fragment), scale * 1e-3, np.float32)
     w.syncer.open_round(fragment)  # the fragment's round comes up; K = 1: the push closes it
     w.push(Push(0, fragment, base, 4, 400, seq, get_codec("none").encode(delta), sent_at=0.0))
 
@@ -53,4 +54,53 @@ def test_a_restarted_syncer_reports_rounds_its_predecessor_never_reported(tmp_pa
     assert rounds(again) == {(0, 1), (0, 2), (1, 1)}
     assert all(e["replayed"] and e["t"] > 0 for e in again if e["kind"] == "round_closed")
     assert second.poll()["events"] == []  # once
+    second.close()
+
+
+def test_a_restarted_syncer_nets_a_cumulative_push_against_what_its_predecessor_merged(tmp_path):
+    # Learner 0 pushes fragment 0 from version 0 (seq 0: delta d) and the round merges it; before it
+    # adopts version 1 it is asked again and pushes from the same anchor (seq 1: 2d, cumulative).
+    # Only d of that is new. By hand, outer lr 1, momentum 0, one contributor: v1 = theta0 - d and
+    # v2 = theta0 - 2d, whichever syncer merges seq 1, also one restored from a checkpoint.
+    first = worker(tmp_path)
+    theta0 = first.syncer.global_fragments()[0]
+    push(first, 0, seq=0, base=0)  # d = 1e-3 everywhere
+    first.save()  # a checkpoint between the two merges: the history must survive it too
+    first.close()
+
+    second = worker(tmp_path)
+    second.restore()
+    np.testing.assert_allclose(second.syncer.global_fragments()[0], theta0 - 1e-3, atol=1e-7)
+    push(second, 0, seq=1, base=0, scale=2)
+    np.testing.assert_allclose(second.syncer.global_fragments()[0], theta0 - 2e-3, atol=1e-7)
+    assert second.syncer.versions() == [2, 0]
+    second.close()
+
+
+def test_a_syncer_restarted_from_its_journal_alone_nets_it_too(tmp_path):
+    first = worker(tmp_path)
+    theta0 = first.syncer.global_fragments()[0]
+    push(first, 0, seq=0, base=0)
+    first.close()  # no checkpoint: the journal is all there is
+
+    second = worker(tmp_path)
+    second.restore()
+    push(second, 0, seq=1, base=0, scale=2)
+    np.testing.assert_allclose(second.syncer.global_fragments()[0], theta0 - 2e-3, atol=1e-7)
+    second.close()
+
+
+def test_a_restarted_syncer_sends_every_live_learner_the_current_fragments(tmp_path):
+    first = worker(tmp_path)
+    push(first, 0, seq=0, base=0)
+    push(first, 0, seq=1, base=1)
+    first.close()  # died before anyone may have received version 2
+
+    second = worker(tmp_path, register=False)
+    second.restore()
+    received = []
+    second.register(1, SimpleNamespace(deliver=Direct(received.append)), False)  # as the driver re-registers
+    (message,) = received
+    assert (message.fragment, message.version, message.base_version) == (0, 2, None)
+    np.testing.assert_array_equal(get_codec("none").decode(message.payload), second.syncer.global_fragments()[0])
     second.close()

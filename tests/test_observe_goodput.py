@@ -27,6 +27,7 @@ def test_buckets_add_up_and_goodput_by_hand():
         "stalled": 0.0,
         "rejoining": 1.0,
         "waiting": 0.0,
+        "checkpoint": 0.0,
         "wasted": 1.5,
     }
 

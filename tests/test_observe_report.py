@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlc.observe.report import RunData, learner_steps_at, load_run, merged_share, write_report
+from dlc.observe.report import RunData, goodput_series, learner_steps_at, load_run, merged_share, write_report
 from tests.fixtures_runs import T0, finished_run, make_run
 
 
@@ -33,6 +33,8 @@ def test_report_of_two_runs(tmp_path):
         "train_loss_r.png",
         "train_loss_r-2.png",  # two runs named r: the second is told apart
         "goodput.png",
+        "timeline_r.png",  # each run's learner states under its goodput
+        "timeline_r-2.png",
         "bytes_sent.png",
         "report.md",
     ]
@@ -64,6 +66,20 @@ def test_report_of_two_runs(tmp_path):
     }
     assert {k: rows[k] for k in expected} == expected
     assert "![goodput](goodput.png)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_goodput_is_plotted_over_a_window_from_the_ledgers_totals(tmp_path):
+    path = finished_run(tmp_path / "r")
+    with open(path / "metrics.jsonl", "a") as f:  # 4 learners; one down from 40 s to 50 s
+        for t, productive, allocated in ((30, 100, 100), (40, 140, 140), (50, 170, 180), (60, 210, 220)):
+            f.write(f'{{"t": {T0 + t}, "kind": "goodput", "goodput": 0.9, "productive_s": {productive}, ')
+            f.write(f'"allocated_s": {allocated}}}\n')
+    run = load_run(path, "r")
+    x, y, what = goodput_series(run)
+    # Window max(10 s, 60 s / 30) = 10 s: each sample against the one 10 s before it.
+    assert what == "goodput over 10 s (%)" and x.tolist() == [40.0, 50.0, 60.0] and y.tolist() == [1.0, 0.75, 1.0]
+    intervals = {(i.learner, i.state) for i in run.intervals}
+    assert {(i, "starting") for i in range(4)} <= intervals
 
 
 def test_load_run_reads_progress_bytes_and_steps(tmp_path):

@@ -21,6 +21,7 @@ class NoSync:
     pushes = 0
     adopted = 0
     seq = 0
+    incarnation = 0
     waiting_s = 0.0
     idle = None
 
@@ -43,8 +44,8 @@ class NoSync:
     def start_background(self) -> None:
         """Nothing runs off the loop's thread here."""
 
-    def push_outstanding(self) -> int:
-        return 0
+    def push_outstanding(self) -> list[dict[str, Any]]:
+        return []
 
     def unpushed_steps(self) -> float:
         return 0.0
@@ -58,7 +59,7 @@ class NoSync:
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         pass
 
-    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+    def resume_from_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         pass
 
     def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:

@@ -11,14 +11,14 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-WEIGHT_MODES: tuple[str, ...] = ("uniform", "tokens", "tokens_per_step")
+WEIGHT_MODES: tuple[str, ...] = ("uniform", "tokens", "tokens_squared_per_step")
 MERGE_METHODS: tuple[str, ...] = ("mean", "rda")
 
 
-def merge_weights(tokens: Sequence[int], steps: Sequence[int], mode: str = "tokens_per_step") -> np.ndarray:
+def merge_weights(tokens: Sequence[int], steps: Sequence[int], mode: str = "tokens_squared_per_step") -> np.ndarray:
     """Normalised contributor weights (float64, summing to 1).
 
-    ``uniform``: 1 each; ``tokens``: tokens_m; ``tokens_per_step``:
+    ``uniform``: 1 each; ``tokens``: tokens_m; ``tokens_squared_per_step``:
     tokens_m^2 / steps_m, i.e. quantity of data times tokens per step, so extra
     steps alone buy no extra vote.
     """

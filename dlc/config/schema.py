@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 @dataclass(frozen=True)
@@ -220,8 +220,10 @@ class SyncerConfig(Section):
         5.0, gt=0, description="A learner silent this long is unhealthy: rounds stop waiting for it."
     )
     max_staleness: int = Field(4, ge=0, description="Reject a push whose base is more than this many versions old.")
-    weighting: Literal["uniform", "tokens", "tokens_per_step"] = Field(
-        "tokens_per_step", description="Merge weights: uniform, by tokens, or tokens^2/steps (fair to slow learners)."
+    weighting: Literal["uniform", "tokens", "tokens_squared_per_step"] = Field(
+        "tokens_squared_per_step",
+        description="Merge weights: uniform, by tokens, or tokens^2/steps (data seen times tokens per step: fair "
+        "to slow learners).",
     )
     merge: Literal["mean", "rda"] = Field(
         "rda",
@@ -251,6 +253,16 @@ class SyncerConfig(Section):
     )
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved for the syncer.")
     checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
+
+    @field_validator("weighting", mode="before")
+    @classmethod
+    def _renamed_weighting(cls, value: Any) -> Any:
+        if value == "tokens_per_step":
+            raise ValueError(
+                "syncer.weighting=tokens_per_step is now called tokens_squared_per_step (the weight is "
+                "tokens^2 / steps): rename it in the recipe"
+            )
+        return value
 
 
 class BlockingConfig(Section):

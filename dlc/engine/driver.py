@@ -221,7 +221,16 @@ class Driver:
                 self.rundir.write_status(snap)
                 self.view.update(snap)
                 if snap["goodput"] is not None:  # goodput over time, for dlc report
-                    self._metric(kind="goodput", step=snap["step"], tokens=snap["tokens"], goodput=snap["goodput"])
+                    # The ledger's running totals too: goodput over any window is a difference of them.
+                    ledger = self.supervisor.ledger.summary()
+                    self._metric(
+                        kind="goodput",
+                        step=snap["step"],
+                        tokens=snap["tokens"],
+                        goodput=snap["goodput"],
+                        productive_s=ledger["productive_s"],
+                        allocated_s=ledger["allocated_s"],
+                    )
             states = [self.supervisor.state_of(i) for i in self.supervisor.slots]
             done = all(state in GONE_STATES for state in states)
             # Learners stop themselves at run.max_steps (and report it); the driver enforces the rest.

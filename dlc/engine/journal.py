@@ -1,7 +1,8 @@
 """The syncer's journal: every round closed since the last checkpoint, appended as it closes.
 
 A killed process loses nothing it has written (the page cache outlives it), so the last
-checkpoint plus the journal is the syncer's state at the moment of death. While a checkpoint is
+checkpoint plus the journal is the syncer's state at the moment of death. Each journal after a
+checkpoint starts with a snapshot of what the checkpoint does not hold (the merge history). While a checkpoint is
 being written the journal before it stays beside the new one as `.prev`, so a death mid-save
 still replays from the previous checkpoint.
 """
@@ -29,11 +30,13 @@ class Journal:
         """Every record, oldest first: the previous journal's, then the current one's."""
         return read_records(self.previous) + read_records(self.path)
 
-    def rotate(self) -> None:
-        """The state is about to be checkpointed: later rounds go to a fresh journal."""
+    def rotate(self, snapshot: dict[str, Any]) -> None:
+        """The state is about to be checkpointed: later rounds go to a fresh journal, which starts
+        with `snapshot`, the part of that state the checkpoint does not hold."""
         self._file.close()
         os.replace(self.path, self.previous)
         self._file = open(self.path, "ab")  # noqa: SIM115
+        self.write(snapshot)
 
     def close(self) -> None:
         self._file.close()

@@ -72,6 +72,7 @@ class LearnerWorker:
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
         # names one push for the whole run, also across syncer restarts.
         self.sync.seq = incarnation * SEQ_STRIDE
+        self.sync.incarnation = incarnation
         self.checkpointer = None if index is None else self._checkpointer(index)
         self.lock = threading.Lock()
         self.events: list[dict[str, Any]] = []
@@ -85,6 +86,10 @@ class LearnerWorker:
         self.base_tokens = 0
         self.error: str | None = None
         self._stop = threading.Event()
+        # Seconds the loop stood still for something other than its own protocol: writing
+        # checkpoints, and copying its state for a peer at a step boundary (the sync's own
+        # waiting is its `waiting_s`). The goodput ledger files them as checkpoint and waiting.
+        self.blocked_s = {"checkpoint": 0.0, "peer_copy": 0.0}
         self._export_requests: list[threading.Event] = []
         self._slow: tuple[float, float] = (1.0, 0.0)
         self._thread: threading.Thread | None = None
@@ -128,6 +133,7 @@ class LearnerWorker:
         self.index, self.incarnation = index, incarnation
         self.learner.rebind(index, self.recipe, stream)
         self.sync.seq = incarnation * SEQ_STRIDE
+        self.sync.incarnation = incarnation
         self.checkpointer = self._checkpointer(index)
         self.state = "starting"
         self.startup = {"spare": True, **self.startup}
@@ -151,7 +157,7 @@ class LearnerWorker:
 
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
-            self.sync.rebase_on_global(global_fragments, versions)
+            self.sync.resume_from_global(global_fragments, versions)
         self.sync.start_background()
         self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
         self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -176,10 +182,14 @@ class LearnerWorker:
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
                 started, waited = time.monotonic(), self.sync.waiting_s
                 events = self.sync.step(self._stop)
-                self._serve_export()
                 self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
+                copying = time.monotonic()
+                if self._serve_export():
+                    self.blocked_s["peer_copy"] += time.monotonic() - copying
                 if learner.step % recipe.checkpoint.every_steps == 0:
+                    saving = time.monotonic()
                     self.save()
+                    self.blocked_s["checkpoint"] += time.monotonic() - saving
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
                 now = time.monotonic()
                 if first is None:  # start-up ends with the first step
@@ -250,7 +260,8 @@ class LearnerWorker:
             "pushes": self.sync.pushes,
             "adopted": self.sync.adopted,
             "bytes_sent": self.transport.bytes_sent,
-            "waiting_s": round(self.sync.waiting_s, 3),
+            "waiting_s": round(self.sync.waiting_s + self.blocked_s["peer_copy"], 3),
+            "checkpoint_s": round(self.blocked_s["checkpoint"], 3),
             "link_queued": self.transport.queued(),
             "link_blocked_s": round(self.transport.blocked_s(), 3),
             "pid": os.getpid(),
@@ -293,9 +304,10 @@ class LearnerWorker:
             raise TimeoutError(f"learner {self.index} did not reach a step boundary in {timeout_s} s")
         return request.state  # type: ignore[attr-defined]
 
-    def _serve_export(self) -> None:
+    def _serve_export(self) -> bool:
+        """Copy the state for every peer that asked since the last step; returns whether any had."""
         if not self._export_requests:
-            return
+            return False
         import jax
 
         with self.lock:
@@ -304,6 +316,7 @@ class LearnerWorker:
         for request in requests:
             request.state = state  # type: ignore[attr-defined]
             request.set()
+        return True
 
     def _copy_state(self, jax: Any) -> dict[str, Any]:
         self.learner.flush()
@@ -317,16 +330,18 @@ class LearnerWorker:
             "copied_at": time.time(),
         }
 
-    def import_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Become a copy of a peer (before `start`): its params, AdamW state, step, data position.
+    def import_state(self, state: dict[str, Any], data_position: int) -> dict[str, Any]:
+        """Become a copy of a peer (before `start`): its params, AdamW state and step, at
+        `data_position` of this learner's own stream (where its previous process had got to).
 
         The anchors become the copied parameters, not the peer's anchors: the peer will push
         its own unsent progress itself, so this learner's first push must carry only what it
-        learns from now on.
+        learns from now on. The peer's data position is a place in the peer's stream: taken on
+        this learner's stream it would repeat or skip part of its shard.
         """
         self._copying = True
         try:
-            self.learner.load_state(state["tree"], state["meta"])
+            self.learner.load_state(state["tree"], {**state["meta"], "data_position": data_position})
             self.base_tokens = self.learner.tokens  # the peer's tokens are the peer's, not this learner's
             self.sync.adopt_peer(state["fragments"], state["versions"])
         finally:
@@ -340,14 +355,16 @@ class LearnerWorker:
             "copy_s": copy_s,
         }
 
-    def import_global(self, global_state: tuple[list[np.ndarray], list[int]]) -> dict[str, Any]:
-        """No healthy peer: start from the syncer's global fragments with fresh AdamW state.
+    def import_global(self, global_state: tuple[list[np.ndarray], list[int]], data_position: int) -> dict[str, Any]:
+        """No healthy peer: start from the syncer's global fragments with fresh AdamW state, at
+        `data_position` of this learner's own stream.
 
         `global_state` is what the syncer's `global_fragments` returns, (fragments, versions), so
         the supervisor can hand one actor's answer to the other without waiting for it.
         """
         fragments, versions = global_state
         self.sync.adopt_global(fragments, versions)
+        self.learner.stream.position = data_position
         return {"peer": None, "step": self.learner.step, "data_position": self.learner.position}
 
     # -- slow-downs ---------------------------------------------------------------------------
@@ -376,7 +393,8 @@ class LearnerWorker:
             # it returns the syncer holds every push: the driver's finish() cannot overtake them.
             ray.get(self.syncer.barrier.remote(), timeout=120)
             with self.lock:
-                self.events.append({"kind": "final_push", "learner": self.index, "fragments": pushed})
+                self.events.extend(pushed)
+                self.events.append({"kind": "final_push", "learner": self.index, "fragments": len(pushed)})
             self.save()
             self.state = "stopped"
         return self.poll()

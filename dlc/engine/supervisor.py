@@ -42,6 +42,7 @@ class Recovery:
     restarted_at: float | None = None
     peer: int | None = None
     spare: bool = False  # a hot spare took the slot over
+    data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
 
 
 @dataclass
@@ -72,7 +73,9 @@ class LearnerSlot:
     awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
     leave_at: float | None = None  # a joined learner retires at this monotonic time
     ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
-    waiting_filed: float = 0.0  # of the learner's own waiting_s counter, what the ledger has filed
+    # Of the learner's own counters of time its loop was blocked (waiting_s, checkpoint_s), what the
+    # ledger has filed; a new process counts from zero.
+    blocked_filed: dict[str, float] = field(default_factory=dict)
     finished: bool = False
 
 
@@ -215,11 +218,14 @@ class Supervisor:
         for i, slot in self.slots.items():
             state, dt = self.state_of(i), now - slot.ticked_at
             if STATE_BUCKET.get(state) == "productive":
-                # A training learner blocked on the network or on others (dp, diloco) was waiting.
-                waited = min(max(slot.view.get("waiting_s", 0.0) - slot.waiting_filed, 0.0), dt)
-                slot.waiting_filed += waited
-                self.ledger.tick(i, "waiting", waited)
-                dt -= waited
+                # A training learner whose loop was blocked: on the network or on others (dp, diloco;
+                # any learner copying its state for a peer), or writing a checkpoint.
+                for counter, blocked_state in (("waiting_s", "waiting"), ("checkpoint_s", "checkpointing")):
+                    blocked = slot.view.get(counter, 0.0) - slot.blocked_filed.get(counter, 0.0)
+                    blocked = min(max(blocked, 0.0), dt)
+                    slot.blocked_filed[counter] = slot.blocked_filed.get(counter, 0.0) + blocked
+                    self.ledger.tick(i, blocked_state, blocked)
+                    dt -= blocked
             self.ledger.tick(i, state, dt)
             slot.ticked_at = now
         for spare in self.spares:
@@ -291,7 +297,12 @@ class Supervisor:
         slot.override = "dead"
         # Progress not yet pushed died with the process: mean steps since each fragment's push.
         self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))
-        self.rundir.event("learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"))
+        # Its position in its own stream as last reported (every poll): what it read after that
+        # died unpushed with it, so the new process reads it again rather than skipping it.
+        position = int(slot.view.get("data_position") or 0)
+        self.rundir.event(
+            "learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"), data_position=position
+        )
         self.dead_tokens[i] += slot.view.get("tokens", 0)
         slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
         self.chaos.outcome("kill", i, "detected", after_s=self.chaos.since("kill", i))
@@ -300,13 +311,17 @@ class Supervisor:
         spare = self._take_spare()
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
-            slot.recovery = Recovery("restarting", spare.actor, ref, died_at=time.time(), spare=True)
+            slot.recovery = Recovery(
+                "restarting", spare.actor, ref, died_at=time.time(), spare=True, data_position=position
+            )
             slot.view["phase"] = f"spare {spare.name} taking over"
             self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
             self.keep_spares()
         else:
             actor = self.make_learner(i, slot.stream, incarnation)
-            slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
+            slot.recovery = Recovery(
+                "restarting", actor, actor.ready.remote(), died_at=time.time(), data_position=position
+            )
         slot.override = "restarting"
         self.restarts[i] += 1
 
@@ -324,7 +339,9 @@ class Supervisor:
                 if rec.spare and rec.phase == "restarting":  # the spare died before it took over
                     self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
                     actor = self.make_learner(i, slot.stream, self.restarts[i])
-                    slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=rec.died_at)
+                    slot.recovery = Recovery(
+                        "restarting", actor, actor.ready.remote(), died_at=rec.died_at, data_position=rec.data_position
+                    )
                     slot.view["phase"] = "starting process"
                     continue
                 self.failure = f"learner {i} could not be restarted: {exc}"
@@ -345,9 +362,10 @@ class Supervisor:
                 slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
                 if peer is not None:
                     rec.peer = peer
-                    rec.ref = rec.actor.import_state.remote(self.slots[peer].handle.export_state.remote())
+                    state = self.slots[peer].handle.export_state.remote()
+                    rec.ref = rec.actor.import_state.remote(state, rec.data_position)
                 else:
-                    rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote())
+                    rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote(), rec.data_position)
                 rec.phase = "rejoining"
                 slot.override = "rejoining"
             elif rec.phase == "rejoining":
@@ -357,7 +375,7 @@ class Supervisor:
                 rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
                 rec.actor.start.remote(None, None)
                 slot.handle, slot.recovery, slot.override = rec.actor, None, None
-                slot.waiting_filed = 0.0  # the new process counts its waiting from zero
+                slot.blocked_filed = {}  # the new process counts from zero
                 slot.last_seen = time.monotonic()
                 slot.awaiting_first_push = rec.died_at
 

@@ -151,7 +151,7 @@ class SyncerWorker:
             step = self.syncer.rounds_closed
             # Rounds after this state go to a fresh journal; the old one stays until the
             # checkpoint is complete, so a death mid-save still replays from the previous one.
-            self.journal.rotate()
+            self.journal.rotate(self.syncer.journal_snapshot())
         self.checkpointer.save(step, tree, meta)
         self.journal.drop_previous()
         self._last_save = time.monotonic()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-BUCKETS = ("productive", "startup", "dead", "stalled", "rejoining", "waiting", "wasted")
+BUCKETS = ("productive", "startup", "dead", "stalled", "rejoining", "waiting", "checkpoint", "wasted")
 
 # Learner states (as the driver shows them) -> bucket.
 STATE_BUCKET = {
@@ -24,6 +24,7 @@ STATE_BUCKET = {
     "stalled": "stalled",
     "rejoining": "rejoining",
     "waiting": "waiting",
+    "checkpointing": "checkpoint",
 }
 
 

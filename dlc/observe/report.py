@@ -1,8 +1,9 @@
 """`dlc report`: PNG plots and a Markdown table comparing runs, read from their run directories.
 
 Plots: eval loss against tokens and against wall time (runs overlaid), train loss per learner
-(one file per run), goodput over time with faults marked, bytes sent over time beside what
-data-parallel training would have sent. matplotlib is imported inside the plotting functions.
+(one file per run), goodput over a sliding window with faults marked (runs overlaid), each run's
+timeline of learner states under its goodput, bytes sent over time beside what data-parallel
+training would have sent. matplotlib is imported inside the plotting functions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from dlc.observe.console import fmt_duration
 from dlc.observe.reader import count_params, dp_equivalent_bytes, lifecycle_entry, read_recipe
+from dlc.observe.timeline import STATES, Interval, learner_intervals, window_for, windowed_goodput
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
 FIGSIZE_IN = (8.0, 4.5)
@@ -37,6 +39,8 @@ class RunData:
     evals: list[dict[str, Any]] = field(default_factory=list)
     train: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     goodput: list[tuple[float, float]] = field(default_factory=list)  # (t, fraction) samples, if logged
+    ledger: list[tuple[float, float, float]] = field(default_factory=list)  # (t, productive_s, allocated_s)
+    intervals: list[Interval] = field(default_factory=list)  # each learner's states over time
     merged: list[tuple[float, float]] = field(default_factory=list)  # (t, tokens a round merged)
     sent: list[tuple[float, int]] = field(default_factory=list)  # (t, bytes of one push)
     steps: dict[int, list[tuple[float, int]]] = field(default_factory=dict)  # learner -> (t, step)
@@ -76,6 +80,8 @@ def load_run(path: Path, label: str) -> RunData:
             run.train.setdefault(m["learner"], []).append(m)
         elif m.get("kind") == "goodput" and isinstance(m.get("goodput"), int | float):
             run.goodput.append((m["t"], m["goodput"]))
+            if isinstance(m.get("productive_s"), int | float) and isinstance(m.get("allocated_s"), int | float):
+                run.ledger.append((m["t"], m["productive_s"], m["allocated_s"]))
     fragments = int((run.recipe.get("syncer") or {}).get("fragments") or 1)
     learner_sent = any(e.get("kind") == "push_sent" for e in events)  # older logs: the learner's view
     pending: set[int] = set()  # learners started and not yet seen pushing
@@ -102,6 +108,8 @@ def load_run(path: Path, label: str) -> RunData:
         run.steps.setdefault(learner, []).extend((m["t"], int(m.get("step") or 0)) for m in rows)
     for rows in run.steps.values():
         rows.sort()
+    stamps = [x["t"] for x in [*events, *metrics] if isinstance(x.get("t"), int | float)]
+    run.intervals = learner_intervals(events, max(stamps, default=run.t0))
     return run
 
 
@@ -200,15 +208,27 @@ def plot_train(run: RunData, out: Path) -> Path:
     return _save(fig, ax, out / f"train_loss_{run.label}.png")
 
 
+def goodput_series(run: RunData) -> tuple[np.ndarray, np.ndarray, str]:
+    """Goodput over time since start, best first: over a sliding window (runs that log the ledger's
+    totals), cumulative (older runs), or tokens merged per second as a share of the steady rate
+    (runs that log no goodput); with what it is."""
+    if len(run.ledger) >= 2:
+        window = window_for(run.ledger[-1][0] - run.t0)
+        x, y = windowed_goodput(run.ledger, window)
+        return x - run.t0, y, f"goodput over {window:.0f} s (%)"
+    if run.goodput:
+        x, y = np.array([t - run.t0 for t, _ in run.goodput]), np.array([g for _, g in run.goodput])
+        return x, y, "goodput since start (%)"
+    x, y = merged_share(run)
+    return x, y, "tokens merged/s, % of steady"
+
+
 def plot_goodput(runs: list[RunData], out: Path) -> Path:
     fig, ax = _figure()
-    proxy = False
+    ylabels = []
     for run in runs:
-        if run.goodput:
-            x, y = np.array([t - run.t0 for t, _ in run.goodput]), np.array([g for _, g in run.goodput])
-        else:
-            proxy = True
-            x, y = merged_share(run)
+        x, y, ylabel = goodput_series(run)
+        ylabels.append(ylabel)
         (line,) = ax.plot(x / 60, 100 * y, label=run.label)
         for fault in run.chaos:
             phase, t = fault.get("phase"), fault.get("t")
@@ -218,10 +238,53 @@ def plot_goodput(runs: list[RunData], out: Path) -> Path:
                     what = f"{fault.get('fault')} {fault.get('target', '')}" if phase == "injected" else None
                     _label(ax, (t - run.t0) / 60, what or f"{fault.get('target', '')} {phase}")
         _mark_death(ax, run, line.get_color())
-    ylabel = "tokens merged/s, % of steady" if proxy else "goodput (%)"
+    ylabel = ylabels[0] if len(set(ylabels)) == 1 else "goodput (%; see report.md)"
     ax.set(xlabel="wall time (min)", ylabel=ylabel, title="goodput over time (dashed: fault, dotted: recovered)")
     ax.set_ylim(0, 110)
     return _save(fig, ax, out / "goodput.png")
+
+
+STATE_COLORS = {
+    "starting": "0.75",
+    "training": "tab:green",
+    "slow": "yellowgreen",
+    "stalled": "tab:purple",
+    "restarting": "tab:red",
+    "rejoining": "tab:orange",
+}
+
+
+def plot_timeline(run: RunData, out: Path) -> Path:
+    """The run's goodput over a sliding window above each learner's states: a fault as a dip, and
+    the learner it hit going from training to restarting, rejoining and training again."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    fig = Figure(figsize=FIGSIZE_IN, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(1, 2))
+    x, y, ylabel = goodput_series(run)
+    top.plot(x / 60, 100 * y, color="k", lw=1)
+    top.set(ylabel="%", ylim=(0, 110), title=f"{run.label}: {ylabel.removesuffix(' (%)')}; learner states")
+    top.grid(alpha=0.3)
+    learners = sorted({i.learner for i in run.intervals})
+    for row, learner in enumerate(learners):
+        spans = [i for i in run.intervals if i.learner == learner]
+        for state in STATES:
+            bars = [((i.start - run.t0) / 60, (i.end - i.start) / 60) for i in spans if i.state == state]
+            if bars:
+                bottom.broken_barh(bars, (row - 0.4, 0.8), color=STATE_COLORS[state])
+    bottom.set(xlabel="wall time (min)", yticks=range(len(learners)), yticklabels=[f"learner {i}" for i in learners])
+    bottom.invert_yaxis()
+    bottom.grid(alpha=0.3, axis="x")
+    shown = [s for s in STATES if any(i.state == s for i in run.intervals)]
+    if shown:
+        handles = [Patch(color=STATE_COLORS[s], label=s) for s in shown]
+        bottom.legend(handles=handles, fontsize=7, ncols=len(shown), loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    path = out / f"timeline_{run.label}.png"
+    fig.savefig(path, dpi=DPI)
+    return path
 
 
 def _label(ax: Any, x_min: float, text: str) -> None:
@@ -326,6 +389,7 @@ def write_report(paths: list[Path], out: Path) -> list[Path]:
         *plot_eval(runs, out),
         *(plot_train(run, out) for run in runs),
         plot_goodput(runs, out),
+        *(plot_timeline(run, out) for run in runs),
         plot_bytes(runs, out),
     ]
     body = ["# dlc report", "", "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs), ""]

@@ -53,6 +53,7 @@ class BlockingLearnerSync:
         self.steps_since = 0
         self.tokens_since = 0
         self.seq = 0
+        self.incarnation = 0
         self.pushes = 0
         self.adopted = 0
         self._waited_s = 0.0
@@ -74,7 +75,7 @@ class BlockingLearnerSync:
         self.steps_since += 1
         self.tokens_since += self.learner.tokens_per_step
         if vector is not None:
-            self._send(vector)
+            events.append(self._send(vector))
             self._await_model(stop)
         return events
 
@@ -85,7 +86,8 @@ class BlockingLearnerSync:
     def flat(self, tree: Any) -> np.ndarray:
         return self.plan.gather(flatten_params(tree), 0)
 
-    def _send(self, vector: np.ndarray) -> None:
+    def _send(self, vector: np.ndarray) -> dict[str, Any]:
+        """Send `vector` for the version held; returns the event for the run log."""
         assert self.version is not None
         contribution = Contribution(
             learner=self.learner.index,
@@ -102,6 +104,14 @@ class BlockingLearnerSync:
         self.seq += 1
         self.pushes += 1
         self.steps_since = self.tokens_since = 0
+        return {
+            "kind": "push_sent",
+            "learner": contribution.learner,
+            "version": contribution.version,
+            "seq": contribution.seq,
+            "steps": contribution.steps,
+            "bytes": contribution.payload.nbytes,
+        }
 
     def _await_model(self, stop: threading.Event) -> bool:
         """Block until a global model newer than the one held arrives (or any, when not admitted)."""
@@ -153,12 +163,11 @@ class BlockingLearnerSync:
     def start_background(self) -> None:
         """Nothing runs off the loop's thread here."""
 
-    def push_outstanding(self) -> int:
+    def push_outstanding(self) -> list[dict[str, Any]]:
         """At the end of a run: send the steps not yet sent (diloco's last partial interval)."""
         if self.gradient or self.steps_since == 0 or self.version is None or self.outstanding is not None:
-            return 0
-        self._send(self.outer_gradient())
-        return 1
+            return []
+        return [self._send(self.outer_gradient())]
 
     def outer_gradient(self) -> np.ndarray:
         assert self.anchor is not None
@@ -183,7 +192,7 @@ class BlockingLearnerSync:
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         self.seq = int(meta.get("seq", 0))  # the model itself comes from the syncer on admission
 
-    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
+    def resume_from_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         pass  # a resumed learner is admitted by the syncer and sent the model
 
     def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:

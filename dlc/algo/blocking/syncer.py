@@ -318,6 +318,9 @@ class BarrierSyncer(GlobalFragments):
         events, self.events = self.events, []
         return events
 
+    def journal_snapshot(self) -> dict[str, Any]:
+        return {}  # nothing is journaled
+
     def replay(self, record: dict[str, Any]) -> bool:
         return False  # nothing is journaled: a restarted barrier syncer resumes from its checkpoint
 

@@ -94,6 +94,7 @@ class DecoupledLearnerSync:
         self.steps_since = [0] * P
         self.tokens_since = [0] * P
         self.seq = 0
+        self.incarnation = 0
         self.sent: dict[int, SentRecord] = {}
         self.inbox: queue.SimpleQueue[Arrived | FragmentRequest] = queue.SimpleQueue()
         self.waiting: dict[int, tuple[int, jax.Array]] = {}  # fragment -> (version, value) to adopt
@@ -163,6 +164,7 @@ class DecoupledLearnerSync:
             seq=item.seq,
             payload=payload,
             sent_at=time.time(),
+            incarnation=self.incarnation,
         )
         # One ordered stream of sends, also against a reconnect re-sending; deliveries, which take
         # only `_lock`, never wait behind a slow send.
@@ -180,7 +182,10 @@ class DecoupledLearnerSync:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    waiting_s = 0.0  # the loop never waits for the network or the syncer (see the module doc)
+    # The protocol never blocks the loop on the network or the syncer: sends and deliveries run on
+    # threads of their own (see the module doc), so this stays 0. What does stop the loop,
+    # checkpoints and state copies for a peer, the engine measures around it (`LearnerWorker.blocked_s`).
+    waiting_s = 0.0
     idle = None
 
     def step(self, stop: threading.Event) -> list[dict[str, Any]]:
@@ -239,8 +244,11 @@ class DecoupledLearnerSync:
         while msg is not None:
             codec = get_codec(msg.payload.codec, msg.payload.block_size or 64)
             if msg.base_version is None:
-                if self.held[p] is not None and msg.version <= self.held[p][0]:
-                    break  # an older value overtaken by a newer one: keep the newer
+                # An older value overtaken by a newer one: keep the newer. The same version sent
+                # whole again (by a restarted syncer) replaces what is held: it is what that syncer's
+                # next differences start from.
+                if self.held[p] is not None and msg.version < self.held[p][0]:
+                    break
                 value = codec.decode(msg.payload)
             else:
                 held = self.held[p]
@@ -325,14 +333,12 @@ class DecoupledLearnerSync:
                 self.transport.send(push, item, link=self.learner.index)
         return len(pending)
 
-    def push_outstanding(self) -> int:
+    def push_outstanding(self) -> list[dict[str, Any]]:
         """At the end of a run: push every fragment with progress not yet sent, and wait until
-        every push is handed to the transport; returns how many were pushed here."""
-        due = [p for p in range(self.plan.num_fragments) if self.steps_since[p] > 0]
-        for p in due:
-            self.push(p)
+        every push is handed to the transport; returns the events of the pushes made here."""
+        events = [self.push(p) for p in range(self.plan.num_fragments) if self.steps_since[p] > 0]
         self.flush_sends()
-        return len(due)
+        return events
 
     # -- state --------------------------------------------------------------------------------
 
@@ -370,10 +376,27 @@ class DecoupledLearnerSync:
         return [self.gather(p) for p in range(self.plan.num_fragments)], list(self.versions)
 
     def adopt_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
-        """Take the global fragments as parameters and anchors (a learner with no peer to copy)."""
+        """Take the global fragments as parameters and anchors: a learner with no peer to copy, or
+        one resumed from its checkpoint.
+
+        A resumed learner's own parameters are behind the global model: every push it made before
+        the run stopped was merged into it (a clean stop pushes everything first), and whatever it
+        had not pushed is gone with the run. Keeping them, with the global fragments as anchors,
+        would make its first push `global - own`: a push that undoes every merge since its
+        checkpoint. It keeps its AdamW state, step and data position.
+        """
         for p, fragment in enumerate(fragments):
             self.scatter(p, np.asarray(fragment, dtype=np.float32))
-        self.rebase_on_global(fragments, versions)
+        anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
+        self.anchors = [self.ops.to_device(p, a) for p, a in enumerate(anchors)]
+        self.versions = list(versions)
+        self.steps_since = [0] * self.plan.num_fragments
+        self.tokens_since = [0] * self.plan.num_fragments
+        self.sent.clear()
+        self.waiting.clear()
+        self._hold_known(anchors)
+
+    resume_from_global = adopt_global
 
     def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         """After copying a peer's parameters: anchors are those parameters, at the peer's versions."""
@@ -386,16 +409,3 @@ class DecoupledLearnerSync:
         with self._lock:
             self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
             self.parked.clear()
-
-    def rebase_on_global(self, fragments: list[np.ndarray], versions: list[int]) -> None:
-        """After a resume: anchors become the syncer's current global fragments.
-
-        The learner keeps its own parameters; its next deltas measure how far it is from the
-        global model, which is exactly the progress the syncer has not seen.
-        """
-        anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
-        self.anchors = [self.ops.to_device(p, a) for p, a in enumerate(anchors)]
-        self.versions = list(versions)
-        self.sent.clear()
-        self.waiting.clear()
-        self._hold_known(anchors)

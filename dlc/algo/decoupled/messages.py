@@ -32,6 +32,9 @@ class Push:
     seq: int
     payload: Encoded
     sent_at: float
+    # The sending process's incarnation of `learner` (0 for its first process, +1 per restart): a
+    # new process starts from a peer's state, so its deltas never contain an earlier one's pushes.
+    incarnation: int = 0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,6 +52,15 @@ class Reject(StrEnum):
     NONFINITE = "nonfinite"  # NaN or Inf after decoding
     STALE = "stale"  # current version - base_version > max_staleness
     NORM_OUTLIER = "norm_outlier"  # norm far from the fragment's recent accepted norms
+
+
+class MergedPush(NamedTuple):
+    """A learner's last merged push of one fragment, still encoded."""
+
+    base_version: int
+    incarnation: int
+    seq: int
+    payload: Encoded
 
 
 @dataclass(frozen=True)
@@ -71,12 +81,12 @@ class _Entry:
     arrived_at: float
     steps: int
     tokens: int
-    incarnation: int  # bumped by forget_learner: a new process, a new seq space
+    seqs: tuple[int, ...]  # every push folded into this entry: the latest and those it superseded
 
     @property
     def anchor(self) -> tuple[int, int, int]:
         """Entries with equal anchors hold cumulative deltas from one starting point."""
-        return (self.push.learner, self.push.base_version, self.incarnation)
+        return (self.push.learner, self.push.base_version, self.push.incarnation)
 
 
 class Round:
@@ -133,6 +143,7 @@ class RoundResult:
     version: int  # v_p after this round; the merged fragment carries it
     learners: tuple[int, ...]
     seqs: tuple[int, ...]  # each contributor's newest push merged (it holds or follows the earlier ones)
+    merged_seqs: tuple[tuple[int, ...], ...]  # each contributor's every push folded in, oldest first
     deltas: tuple[np.ndarray, ...]  # float32, the sum of its parts, each net of anything merged before
     tokens: tuple[int, ...]
     steps: tuple[int, ...]
@@ -206,10 +217,10 @@ class RoundBook:
         self.rejections_by_learner: Counter[tuple[int, Reject]] = Counter()
         self._frags = [_Fragment(v, Round(p), outlier()) for p, v in enumerate(versions)]
         self._seqs: dict[int, _SeqLog] = {}
-        # (learner, fragment) -> (base_version, incarnation, seq, payload) of its last
-        # merged push.
-        self._merged: dict[tuple[int, int], tuple[int, int, int, Encoded]] = {}
-        self._incarnation: dict[int, int] = {}
+        # (learner, fragment) -> (base_version, incarnation, seq, payload) of its last merged push:
+        # what a later push from the same anchor is netted against. Part of the syncer's state: a
+        # restarted syncer without it would merge a cumulative push in full, the earlier part twice.
+        self._merged: dict[tuple[int, int], MergedPush] = {}
         self._last_sent: dict[tuple[int, int], float] = {}
 
     @property
@@ -251,16 +262,29 @@ class RoundBook:
         log.add(seq)
 
     def forget_learner(self, learner: int) -> None:
-        """Drop seq and merge history of a learner restarted as a new process.
+        """Drop the seq history of a learner restarted as a new process (its seqs may start again).
 
-        Its new anchors come from a peer, so its next deltas do not contain its old
-        pushes: they neither supersede nor net against what it pushed before. Pushes it
-        made before dying stay in their rounds.
+        Its new anchors come from a peer, so its next deltas do not contain its old pushes: its
+        pushes carry the new incarnation, whose anchors never equal the old one's, so they neither
+        supersede nor net against what it pushed before. Pushes it made before dying stay in
+        their rounds.
         """
         self._seqs.pop(learner, None)
-        self._incarnation[learner] = self._incarnation.get(learner, 0) + 1
         for key in [k for k in self._last_sent if k[0] == learner]:
             del self._last_sent[key]
+
+    # -- the merge history, for checkpoints and journals ----------------------------------------
+
+    def merged_history(self, fragment: int | None = None) -> dict[tuple[int, int], MergedPush]:
+        """Each learner's last merged push (of `fragment`, or of every fragment): what later pushes
+        from the same anchor are netted against."""
+        return {k: v for k, v in self._merged.items() if fragment is None or k[1] == fragment}
+
+    def restore_merged_history(self, history: dict[tuple[int, int], MergedPush], fragment: int | None = None) -> None:
+        """Replace the merge history (of `fragment`, or all of it) by `history`, as `merged_history` gave it."""
+        for key in [k for k in self._merged if fragment is None or k[1] == fragment]:
+            del self._merged[key]
+        self._merged.update({key: MergedPush(*merged) for key, merged in history.items()})
 
     def _reject(self, push: Push, reason: Reject, detail: str) -> Verdict:
         self.rejections[reason] += 1
@@ -298,7 +322,7 @@ class RoundBook:
         if outlier:
             return self._reject(push, Reject.NORM_OUTLIER, outlier)
         self._observe_step(push)
-        entry = _Entry(push, delta, now, push.steps, push.tokens, self._incarnation.get(push.learner, 0))
+        entry = _Entry(push, delta, now, push.steps, push.tokens, (push.seq,))
         return self._place(frag, entry)
 
     def _malformed(self, push: Push) -> str:
@@ -319,12 +343,12 @@ class RoundBook:
     def _contained(self, push: Push) -> str:
         """Non-empty when a newer push from the same anchor already holds this one."""
         frag = self._frags[push.fragment]
-        anchor = (push.learner, push.base_version, self._incarnation.get(push.learner, 0))
+        anchor = (push.learner, push.base_version, push.incarnation)
         entries = frag.open.entries.get(push.learner, [])
         newer = [e.push.seq for e in entries if e.anchor == anchor]
         merged = self._merged.get((push.learner, push.fragment))
-        if merged and (push.learner, *merged[:2]) == anchor:
-            newer.append(merged[2])
+        if merged and (push.learner, merged.base_version, merged.incarnation) == anchor:
+            newer.append(merged.seq)
         if newer and max(newer) > push.seq:
             return f"seq {push.seq} is older than seq {max(newer)} from the same anchor"
         return ""
@@ -388,13 +412,14 @@ class RoundBook:
             contributions.append(
                 (
                     max(e.push.seq for e in parts),
+                    tuple(sorted(seq for e in parts for seq in e.seqs)),
                     sum((self._net_delta(e) for e in parts[1:]), self._net_delta(parts[0])),
                     sum(e.tokens for e in parts),
                     sum(e.steps for e in parts),
                     frag.version - min(e.push.base_version for e in parts),
                 )
             )
-        seqs, deltas, tokens, steps, staleness = zip(*contributions, strict=True)
+        seqs, merged_seqs, deltas, tokens, steps, staleness = zip(*contributions, strict=True)
         self._reopen(frag)
         frag.closed_at = now
         return RoundResult(
@@ -402,6 +427,7 @@ class RoundBook:
             version=frag.version,
             learners=tuple(learners),
             seqs=seqs,
+            merged_seqs=merged_seqs,
             deltas=deltas,
             tokens=tokens,
             steps=steps,
@@ -418,10 +444,10 @@ class RoundBook:
         push = entry.push
         key = (push.learner, push.fragment)
         before = self._merged.get(key)
-        self._merged[key] = (push.base_version, entry.incarnation, push.seq, push.payload)
-        if before is None or before[:2] != (push.base_version, entry.incarnation):
+        self._merged[key] = MergedPush(push.base_version, push.incarnation, push.seq, push.payload)
+        if before is None or (before.base_version, before.incarnation) != (push.base_version, push.incarnation):
             return entry.delta
-        return entry.delta - self.codec.decode(before[3])
+        return entry.delta - self.codec.decode(before.payload)
 
     def _reopen(self, frag: _Fragment) -> None:
         """Bump the version and start the next round of the fragment, not yet opened."""
@@ -429,8 +455,8 @@ class RoundBook:
         frag.open = Round(frag.open.fragment)
         # A push from a base this old would be rejected as stale: its record is dead.
         oldest = frag.version - self.max_staleness
-        for key, (base, *_) in list(self._merged.items()):
-            if key[1] == frag.open.fragment and base < oldest:
+        for key, merged in list(self._merged.items()):
+            if key[1] == frag.open.fragment and merged.base_version < oldest:
                 del self._merged[key]
 
     def mark_sent(self, p: int) -> None:
@@ -443,4 +469,6 @@ class RoundBook:
 
 def _supersede(old: _Entry, new: _Entry) -> _Entry:
     """The newer cumulative delta replaces the older; counters add (reset per send)."""
-    return _Entry(new.push, new.delta, old.arrived_at, old.steps + new.steps, old.tokens + new.tokens, new.incarnation)
+    return _Entry(
+        new.push, new.delta, old.arrived_at, old.steps + new.steps, old.tokens + new.tokens, old.seqs + new.seqs
+    )

@@ -117,9 +117,11 @@ class DecoupledSyncer(GlobalFragments):
     # -- membership and health ----------------------------------------------------------------
 
     def join(self, learner: int, holds_initial: bool = True) -> None:
-        """A learner starts (or resumes). With `holds_initial`, its fragments still at version 0
-        are the initial parameters, so a downlink by difference can start from there; without,
-        each fragment goes to it whole first."""
+        """A learner starts (or resumes) with the initial parameters for its fragments still at
+        version 0 (`holds_initial`), or with a state this syncer does not know (a copy of a peer,
+        or any learner after a syncer restart): then every fragment merged so far goes to it whole,
+        now, so it holds the current global model however many merges it missed, and a downlink
+        by difference can start from there."""
         self.members.add(learner)
         self.heartbeats[learner] = self.clock()
         self.schedule.forget(learner)
@@ -127,6 +129,11 @@ class DecoupledSyncer(GlobalFragments):
         for p, version in enumerate(self.book.versions):
             if holds_initial and version == 0:
                 self.synced[(learner, p)] = 0
+            elif not holds_initial and version > 0:
+                value = self.held[p] if self.diff_down else self.theta[p]
+                message = MergedFragment(p, version, self.full_codec.encode(value), self.clock())
+                self.bytes_down += self.deliver(learner, message)
+                self.synced[(learner, p)] = version
 
     def rejoin(self, learner: int) -> None:
         """A restarted learner: a new incarnation whose seqs start again, holding a peer's copy."""
@@ -254,6 +261,12 @@ class DecoupledSyncer(GlobalFragments):
             "waited_s": round(result.waited_s, 4),
             "tokens": list(result.tokens),
             "seqs": list(result.seqs),
+            # Every push folded in, superseded ones included: (learner, seq) pairs, each merged once.
+            "merged": [
+                [learner, seq]
+                for learner, seqs in zip(result.learners, result.merged_seqs, strict=True)
+                for seq in seqs
+            ],
         }
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
@@ -263,6 +276,7 @@ class DecoupledSyncer(GlobalFragments):
                     "theta": self.theta[p],
                     "momentum": self.momentum[p],
                     "merged": pairs,
+                    "history": self.book.merged_history(p),  # what later pushes of p are netted against
                     "counters": self._counters(),
                     "event": event,  # the round's record survives the syncer, even undrained
                 }
@@ -316,8 +330,19 @@ class DecoupledSyncer(GlobalFragments):
             "schedule": self.schedule.state(),
         }
 
+    def journal_snapshot(self) -> dict[str, Any]:
+        """The state a checkpoint does not hold, as the first record of the journal that follows it:
+        the merge history, which holds encoded payloads of every learner's last merged pushes."""
+        return {"history": self.book.merged_history()}
+
     def replay(self, record: dict[str, Any]) -> bool:
-        """Apply one journal record newer than the state; returns whether it was applied."""
+        """Apply one journal record newer than the state; returns whether a round was applied.
+
+        Records come in the order written: a snapshot taken with a checkpoint, then the rounds
+        closed after it."""
+        if "fragment" not in record:  # a snapshot: the state at the checkpoint it was taken with
+            self.book.restore_merged_history(record["history"])
+            return False
         p = record["fragment"]
         if record["version"] <= self.book.version(p):
             return False
@@ -326,10 +351,13 @@ class DecoupledSyncer(GlobalFragments):
         versions = list(self.book.versions)
         versions[p] = record["version"]
         self._restore_counters(versions, record["counters"])
+        self.book.restore_merged_history(record["history"], fragment=p)
         return True
 
     def _restore_counters(self, versions: list[int], counters: dict[str, Any]) -> None:
+        history = self.book.merged_history()
         self.book = self._new_book(versions)
+        self.book.restore_merged_history(history)
         self.book.rejections.update(dict(counters["rejections"]))
         self.rounds_closed, self.contributions = counters["rounds_closed"], counters["contributions"]
         self.bytes_up, self.bytes_down, self.accepted = (

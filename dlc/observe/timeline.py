@@ -1,0 +1,107 @@
+"""How a run went over time, from its records: goodput over a sliding window, and each learner's
+states (training, stalled, restarting, rejoining, ...) as intervals.
+
+The driver logs the goodput ledger's running totals (productive and allocated seconds) every
+status interval, so goodput over any window is a ratio of two differences: a fault shows as a dip
+that recovers, where the cumulative figure would barely move. The states come from events.jsonl.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# events.jsonl kinds -> the state a learner is in from then on (None: no longer part of the run).
+STATE_AFTER = {
+    "learner_started": "starting",
+    "learner_joining": "restarting",  # a joiner starts a process, then copies a peer like a restart
+    "learner_training": "training",
+    "learner_died": "restarting",  # the process is gone; the engine starts a new one at once
+    "learner_restarted": "rejoining",  # a process is up: copying state, then its first step
+    "learner_stalled": "stalled",
+    "learner_thawed": "training",
+    "learner_finished": None,
+    "learner_left": None,
+    "learner_stopped": None,
+}
+STATES = ("starting", "training", "slow", "stalled", "restarting", "rejoining")
+
+
+@dataclass(frozen=True)
+class Interval:
+    learner: int
+    start: float  # unix seconds
+    end: float
+    state: str
+
+
+def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval]:
+    """Each learner's states from events.jsonl, as consecutive intervals up to `end`.
+
+    A slow-down (`learner_slowed`, with its `duration_s`) shows as `slow` over the training it
+    stretched; a learner is `training` again once it ends.
+    """
+    current: dict[int, tuple[float, str]] = {}
+    slowed: dict[int, float] = {}  # learner -> when its slow-down ends
+    out: list[Interval] = []
+
+    def switch(learner: int, t: float, state: str | None) -> None:
+        if learner in current:
+            start, was = current.pop(learner)
+            if t > start:
+                out.append(Interval(learner, start, t, was))
+        if state is not None:
+            current[learner] = (t, state)
+
+    for e in sorted((e for e in events if isinstance(e.get("t"), int | float)), key=lambda e: e["t"]):
+        kind, learner, t = e.get("kind"), e.get("learner"), float(e["t"])
+        if not isinstance(learner, int):
+            continue
+        for who, until in list(slowed.items()):  # slow-downs that ended before this event
+            if until <= t:
+                del slowed[who]
+                if current.get(who, (0.0, ""))[1] == "slow":
+                    switch(who, until, "training")
+        if kind == "learner_slowed":
+            duration = e.get("duration_s")
+            slowed[learner] = t + float(duration) if isinstance(duration, int | float) else float("inf")
+            if current.get(learner, (0.0, ""))[1] == "training":
+                switch(learner, t, "slow")
+        elif kind in STATE_AFTER:
+            state = STATE_AFTER[kind]
+            if state == "training" and learner in slowed:
+                state = "slow"
+            switch(learner, t, state)
+    for learner, until in slowed.items():
+        if current.get(learner, (0.0, ""))[1] == "slow" and until < end:
+            switch(learner, until, "training")
+    for learner in list(current):
+        switch(learner, end, None)
+    return sorted(out, key=lambda i: (i.learner, i.start))
+
+
+def windowed_goodput(samples: list[tuple[float, float, float]], window_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Goodput over the last `window_s` at each sample: (times, fractions).
+
+    `samples` are (t, productive_s, allocated_s) running totals in time order; at each sample the
+    window reaches back to the latest sample at least `window_s` older (or the first one).
+    """
+    if len(samples) < 2:
+        return np.array([]), np.array([])
+    t, productive, allocated = (np.array(column, dtype=float) for column in zip(*samples, strict=True))
+    times, values = [], []
+    for i in range(1, len(t)):
+        j = int(np.searchsorted(t, t[i] - window_s, side="right")) - 1
+        j = min(max(j, 0), i - 1)
+        spent = allocated[i] - allocated[j]
+        if spent > 0:
+            times.append(t[i])
+            values.append(min(max((productive[i] - productive[j]) / spent, 0.0), 1.0))
+    return np.array(times), np.array(values)
+
+
+def window_for(duration_s: float) -> float:
+    """A window long enough to hold several ledger samples, short enough that one fault shows."""
+    return max(10.0, duration_s / 30.0)

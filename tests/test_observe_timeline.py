@@ -1,0 +1,62 @@
+"""Goodput over a sliding window and learner states over time, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlc.observe.timeline import Interval, learner_intervals, window_for, windowed_goodput
+
+
+def test_a_fault_shows_in_windowed_goodput_where_the_cumulative_figure_hides_it():
+    # Four learners, a ledger sample every 5 s: 20 s allocated per 5 s. From 60 s to 70 s one
+    # learner is down (15 of 20 s productive), else all 20 s are productive.
+    samples, productive, allocated = [], 0.0, 0.0
+    for t in range(5, 125, 5):
+        allocated += 20.0
+        productive += 15.0 if 60 < t <= 70 else 20.0
+        samples.append((float(t), productive, allocated))
+    times, goodput = windowed_goodput(samples, window_s=10.0)
+    by_t = dict(zip(times.tolist(), goodput.tolist(), strict=True))
+    # Each point is the 10 s before it: two samples of 20 s allocated.
+    assert by_t[50.0] == 1.0
+    assert by_t[65.0] == pytest.approx((20 + 15) / 40)  # 55-60 full, 60-65 down
+    assert by_t[70.0] == pytest.approx(30 / 40)  # both halves down
+    assert by_t[80.0] == 1.0  # healed
+    cumulative_at_70 = samples[13][1] / samples[13][2]  # t = 70: 270 of 280 s
+    assert cumulative_at_70 == pytest.approx(270 / 280) and cumulative_at_70 > 0.96  # the fault barely moves it
+    assert windowed_goodput(samples[:1], 10.0)[0].size == 0
+
+
+def test_window_grows_with_the_run():
+    assert window_for(120.0) == 10.0 and window_for(3000.0) == 100.0
+
+
+def test_learner_states_from_the_event_log():
+    events = [
+        {"t": 0.0, "kind": "learner_started", "learner": 0},
+        {"t": 0.0, "kind": "learner_started", "learner": 1},
+        {"t": 5.0, "kind": "learner_training", "learner": 0},
+        {"t": 6.0, "kind": "learner_training", "learner": 1},
+        {"t": 20.0, "kind": "learner_died", "learner": 1},
+        {"t": 24.0, "kind": "learner_restarted", "learner": 1},
+        {"t": 25.0, "kind": "learner_rejoined", "learner": 1},  # still rejoining: its first step is next
+        {"t": 27.0, "kind": "learner_training", "learner": 1},
+        {"t": 30.0, "kind": "learner_stalled", "learner": 0},
+        {"t": 38.0, "kind": "learner_thawed", "learner": 0},
+        {"t": 40.0, "kind": "learner_slowed", "learner": 0, "factor": 3, "duration_s": 10},
+        {"t": 45.0, "kind": "round_closed", "fragment": 0},  # not a learner's
+        {"t": 60.0, "kind": "learner_finished", "learner": 1},
+    ]
+    assert learner_intervals(events, end=70.0) == [
+        Interval(0, 0.0, 5.0, "starting"),
+        Interval(0, 5.0, 30.0, "training"),
+        Interval(0, 30.0, 38.0, "stalled"),
+        Interval(0, 38.0, 40.0, "training"),
+        Interval(0, 40.0, 50.0, "slow"),
+        Interval(0, 50.0, 70.0, "training"),
+        Interval(1, 0.0, 6.0, "starting"),
+        Interval(1, 6.0, 20.0, "training"),
+        Interval(1, 20.0, 24.0, "restarting"),
+        Interval(1, 24.0, 27.0, "rejoining"),
+        Interval(1, 27.0, 60.0, "training"),
+    ]

@@ -74,32 +74,50 @@ def test_three_kills_heal_and_cost_little(tmp_path, calm_run):
     assert summary["badput"]["dead"] > 0 and summary["goodput"] < 1
 
 
-def test_stall_then_syncer_kill(tmp_path):
+def merged_exactly_once(events: list[dict]) -> None:
+    """From the run directory alone: every accepted push was merged in exactly one round, and every
+    round each fragment closed (versions 1, 2, ...) is in the log once."""
+    closed = [e for e in events if e["kind"] == "round_closed"]
+    merged = [tuple(pair) for e in closed for pair in e["merged"]]
+    assert len(merged) == len(set(merged)), "a push was merged twice"
+    accepted = {(e["learner"], e["seq"]) for e in events if e["kind"] == "push_accepted"}
+    assert accepted <= set(merged), f"accepted, never merged: {sorted(accepted - set(merged))[:5]}"
+    by_fragment: dict[int, list[int]] = {}
+    for e in closed:
+        by_fragment.setdefault(e["fragment"], []).append(e["version"])
+    for versions in by_fragment.values():
+        assert sorted(versions) == list(range(1, len(versions) + 1)), "a round is missing or logged twice"
+
+
+def test_stall_syncer_kill_learner_kill_and_resume_lose_and_double_nothing(tmp_path):
     # Quorum 4 of 4: rounds close while learner 1 is frozen only because its silence makes it
-    # unhealthy. Then the syncer is killed and must come back without losing or repeating a merge.
+    # unhealthy. Then the syncer is killed and must come back without losing or repeating a merge,
+    # then learner 2 dies and rejoins; then the run is resumed for 60 more steps.
     plan = write_plan(
         tmp_path / "plan.yaml",
-        ["{at_s: 8, fault: stall, learner: 1, duration_s: 8}", "{at_s: 30, fault: kill_syncer}"],
+        [
+            "{at_s: 8, fault: stall, learner: 1, duration_s: 8}",
+            "{at_s: 30, fault: kill_syncer}",
+            "{at_s: 40, fault: kill, learner: 2}",
+        ],
         allow_below_quorum="true",
     )
     run_dir = tmp_path / "s"
-    result = run_cli(
-        "train",
+    common = [
         str(TINY),
         f"run.dir={run_dir}",
-        STEPS,
         "syncer.quorum=4",
         "syncer.heartbeat_timeout_s=3",
         "syncer.checkpoint_interval_s=5",
-        "--chaos",
-        str(plan),
-        timeout=900,
-    )
+        "learners.step_time_s=0.2",  # 300 steps take a minute: every fault finds its learner training
+    ]
+    result = run_cli("train", *common, STEPS, "--chaos", str(plan), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     events = read_jsonl(run_dir / "events.jsonl")
     chaos = read_jsonl(run_dir / "chaos.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text())
     closed = [e for e in events if e["kind"] == "round_closed"]
+    assert [e["fault"] for e in chaos if e["phase"] == "injected"] == ["stall", "kill_syncer", "kill"]
     # The stall: detected by silence, rounds went on without learner 1, which contributes after thawing.
     frozen_at = next(e["t"] for e in chaos if e["fault"] == "stall" and e["phase"] == "injected")
     stalled = next(e for e in events if e["kind"] == "learner_stalled")
@@ -124,8 +142,22 @@ def test_stall_then_syncer_kill(tmp_path):
     for e in after:
         first_after.setdefault(e["fragment"], e["version"])
     assert all(first_after[p] == restarted["versions"][p] + 1 for p in first_after)
-    # No push is merged twice: (learner, seq) pairs are unique across the whole run.
-    merged = [(learner, seq) for e in closed for learner, seq in zip(e["contributors"], e["seqs"], strict=True)]
-    assert len(merged) == len(set(merged))
-    assert summary["status"] == "completed" and summary["rounds"] >= len(closed)
+    # The learner kill, after the syncer's: learner 2 came back, at its own place in its own stream.
+    learner_died = next(e for e in events if e["kind"] == "learner_died")
+    rejoined = next(e for e in events if e["kind"] == "learner_rejoined")
+    assert learner_died["learner"] == rejoined["learner"] == 2 and learner_died["t"] > restarted["t"]
+    assert rejoined["data_position"] == learner_died["data_position"] > 0
+    assert any(e["kind"] == "learner_recovered" and e["learner"] == 2 for e in events)
+    merged_exactly_once(events)
+    assert summary["status"] == "completed" and summary["rounds"] == len(closed)
     assert summary["eval_loss_final"] < 0.65 * summary["eval_loss_initial"]
+
+    # Resumed for 60 more steps: the records of both runs together still hold every round once
+    # and every accepted push merged once, and every learner went on from where it stopped.
+    resumed = run_cli("train", *common, "run.max_steps=360", timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    events = read_jsonl(run_dir / "events.jsonl")
+    merged_exactly_once(events)
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["status"] == "completed" and [row["step"] for row in final["learners"]] == [360] * 4
+    assert final["eval_loss_final"] <= 1.02 * summary["eval_loss_final"]

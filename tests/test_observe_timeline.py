@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from dlc.observe.timeline import Interval, learner_intervals, window_for, windowed_goodput
+from dlc.observe.timeline import SYNCER, Interval, learner_intervals, window_for, windowed_goodput
 
 
 def test_a_fault_shows_in_windowed_goodput_where_the_cumulative_figure_hides_it():
@@ -27,6 +28,16 @@ def test_a_fault_shows_in_windowed_goodput_where_the_cumulative_figure_hides_it(
     assert windowed_goodput(samples[:1], 10.0)[0].size == 0
 
 
+def test_a_resumed_run_starts_a_segment_of_its_own():
+    # The resumed run's driver counts from zero again: no window spans the two runs, and a NaN
+    # between them leaves the gap blank.
+    first = [(0.0, 0.0, 0.0), (10.0, 40.0, 40.0), (20.0, 80.0, 80.0)]
+    second = [(100.0, 0.0, 40.0), (110.0, 20.0, 80.0)]
+    times, goodput = windowed_goodput(first + second, window_s=10.0)
+    assert times.tolist() == [10.0, 20.0, 100.0, 110.0]
+    assert goodput[:2].tolist() == [1.0, 1.0] and np.isnan(goodput[2]) and goodput[3] == 0.5
+
+
 def test_window_grows_with_the_run():
     assert window_for(120.0) == 10.0 and window_for(3000.0) == 100.0
 
@@ -43,11 +54,14 @@ def test_learner_states_from_the_event_log():
         {"t": 27.0, "kind": "learner_training", "learner": 1},
         {"t": 30.0, "kind": "learner_stalled", "learner": 0},
         {"t": 38.0, "kind": "learner_thawed", "learner": 0},
+        {"t": 33.0, "kind": "syncer_died"},
+        {"t": 36.0, "kind": "syncer_restarted", "after_s": 3.0},
         {"t": 40.0, "kind": "learner_slowed", "learner": 0, "factor": 3, "duration_s": 10},
         {"t": 45.0, "kind": "round_closed", "fragment": 0},  # not a learner's
         {"t": 60.0, "kind": "learner_finished", "learner": 1},
     ]
     assert learner_intervals(events, end=70.0) == [
+        Interval(SYNCER, 33.0, 36.0, "restarting"),
         Interval(0, 0.0, 5.0, "starting"),
         Interval(0, 5.0, 30.0, "training"),
         Interval(0, 30.0, 38.0, "stalled"),

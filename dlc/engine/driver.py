@@ -291,7 +291,11 @@ class Driver:
         self.syncer = self.supervisor.syncer = syncer
         refs = [h.set_syncer.remote(syncer) for h in live.values()]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)  # a frozen learner re-sends when it thaws
-        resent = sum(ray.get(r) for r in ready)
+        resent = 0
+        for ref in ready:
+            # One that died meanwhile re-sends nothing: the supervisor's next poll finds it dead.
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                resent += ray.get(ref)
         after = round(time.time() - died, 3)
         self.supervisor.forgive_silence()  # the driver was busy here, not the learners silent
         self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)

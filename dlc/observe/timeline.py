@@ -27,6 +27,7 @@ STATE_AFTER = {
     "learner_stopped": None,
 }
 STATES = ("starting", "training", "slow", "stalled", "restarting", "rejoining")
+SYNCER = -1  # the row of the syncer, shown only while it restarts after a death
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
 
     for e in sorted((e for e in events if isinstance(e.get("t"), int | float)), key=lambda e: e["t"]):
         kind, learner, t = e.get("kind"), e.get("learner"), float(e["t"])
+        if kind in ("syncer_died", "syncer_restarted"):
+            switch(SYNCER, t, "restarting" if kind == "syncer_died" else None)
+            continue
         if not isinstance(learner, int):
             continue
         for who, until in list(slowed.items()):  # slow-downs that ended before this event
@@ -86,19 +90,31 @@ def windowed_goodput(samples: list[tuple[float, float, float]], window_s: float)
     """Goodput over the last `window_s` at each sample: (times, fractions).
 
     `samples` are (t, productive_s, allocated_s) running totals in time order; at each sample the
-    window reaches back to the latest sample at least `window_s` older (or the first one).
+    window reaches back to the latest sample at least `window_s` older (or the first one). A
+    resumed run's driver starts its totals again: each run is a segment of its own, and a NaN
+    between segments leaves the gap between the runs blank in a plot.
     """
-    if len(samples) < 2:
-        return np.array([]), np.array([])
-    t, productive, allocated = (np.array(column, dtype=float) for column in zip(*samples, strict=True))
-    times, values = [], []
-    for i in range(1, len(t)):
-        j = int(np.searchsorted(t, t[i] - window_s, side="right")) - 1
-        j = min(max(j, 0), i - 1)
-        spent = allocated[i] - allocated[j]
-        if spent > 0:
-            times.append(t[i])
-            values.append(min(max((productive[i] - productive[j]) / spent, 0.0), 1.0))
+    times: list[float] = []
+    values: list[float] = []
+    segments: list[list[tuple[float, float, float]]] = []
+    for sample in samples:
+        if not segments or sample[2] < segments[-1][-1][2]:
+            segments.append([])
+        segments[-1].append(sample)
+    for segment in segments:
+        if len(segment) < 2:
+            continue
+        if times:
+            times.append(segment[0][0])
+            values.append(float("nan"))
+        t, productive, allocated = (np.array(column, dtype=float) for column in zip(*segment, strict=True))
+        for i in range(1, len(t)):
+            j = int(np.searchsorted(t, t[i] - window_s, side="right")) - 1
+            j = min(max(j, 0), i - 1)
+            spent = allocated[i] - allocated[j]
+            if spent > 0:
+                times.append(t[i])
+                values.append(min(max((productive[i] - productive[j]) / spent, 0.0), 1.0))
     return np.array(times), np.array(values)
 
 

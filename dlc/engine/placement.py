@@ -133,7 +133,7 @@ def check_resources(recipe: Recipe, nodes: Sequence[Mapping[str, float]]) -> Non
     wanted = sum(demand.values())
     if wanted > total + EPS:
         raise UserError(
-            f"the recipe reserves {wanted:g} GPUs ({_who(recipe)}) but the Ray cluster has {total:g}: "
+            f"the recipe reserves {_gpus(wanted)} ({_who(recipe)}) but the Ray cluster has {total:g}: "
             "set learners.num_gpus=0 (and eval.num_gpus=0) to train on CPU, share GPUs with fractions "
             "(learners.num_gpus=0.25 puts 4 learners on one), or run where the GPUs are"
         )
@@ -144,10 +144,14 @@ def check_resources(recipe: Recipe, nodes: Sequence[Mapping[str, float]]) -> Non
         have = sum(node.get("GPU", 0.0) for node in nodes if f"{ACCELERATOR_PREFIX}{kind}" in node)
         if gpus > have + EPS:
             raise UserError(
-                f"the recipe reserves {gpus:g} GPUs of accelerator_type {kind!r} but the Ray cluster has {have:g} "
+                f"the recipe reserves {_gpus(gpus)} of accelerator_type {kind!r} but the Ray cluster has {have:g} "
                 f"of that kind (kinds here: {', '.join(kinds) or 'none'}): change learners.accelerator_type "
                 "(or the overrides') to a kind the cluster has, or leave it unset for any GPU"
             )
+
+
+def _gpus(n: float) -> str:
+    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
 
 
 def _who(recipe: Recipe) -> str:

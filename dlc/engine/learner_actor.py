@@ -25,7 +25,13 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
-from dlc.core.runtime import BackendError, start_backend
+from dlc.core.runtime import (
+    BackendError,
+    CompileLog,
+    compilation_cache_dir,
+    enable_compilation_cache,
+    start_backend,
+)
 from dlc.engine.placement import learner_placement
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
@@ -52,7 +58,7 @@ class LearnerWorker:
         self.index = index
         self.incarnation = incarnation
         # JAX's backend starts first: a GPU that fails (no CUDA plugin, out of memory) is reported
-        # by `device`, `ready` and `poll` in one line, and nothing else is built.
+        # by `device_info`, `ready` and `poll` in one line, and nothing else is built.
         self.device: dict[str, str] = {}
         self.backend_error: str | None = None
         platform = learner_placement(self.recipe, index, {}).platform
@@ -63,8 +69,6 @@ class LearnerWorker:
             self.backend_error = f"{who} (pid {os.getpid()}): {exc}"
             self.state, self.error = "failed", self.backend_error
             return
-        from dlc.core.runtime import CompileLog, compilation_cache_dir, enable_compilation_cache
-
         if self.recipe.run.compile_cache:
             enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
         self.compiles = CompileLog(cached=self.recipe.run.compile_cache)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from dlc.config.load import load_recipe
+from dlc.config.schema import ClusterConfig
 from dlc.engine.placement import (
     check_resources,
     evaluator_placement,
     gpu_demand,
+    inherited_env,
     isolate_driver,
     learner_placement,
     process_env,
@@ -75,6 +77,23 @@ def test_mixed_recipe_puts_learner_0_on_the_gpu_and_the_others_on_cpu():
     # A hot spare runs on the learners' defaults (CPU): it may take the slot of 1, 2 or 3, not of 0.
     assert [same_placement(recipe, i, None) for i in range(4)] == [False, True, True, True]
     assert gpu_demand(recipe) == {None: 1.0}
+
+
+def test_processes_of_an_embedded_cluster_are_not_told_what_they_inherit():
+    recipe = load_recipe(MIXED)
+    driver = {"JAX_PLATFORMS": "cpu", "PATH": "/bin"}  # what dlc train's own environment holds
+    # No runtime_env: Ray may hand the process a worker it started in advance.
+    assert learner_placement(recipe, 1, NO_USER_ENV).ray_options(driver) == {"num_cpus": 1.0}
+    assert syncer_placement(recipe).ray_options(driver) == {"num_cpus": 1.0}
+    gpu = learner_placement(recipe, 0, NO_USER_ENV).ray_options(driver)
+    assert gpu["runtime_env"] == {"env_vars": {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}}
+    # dlc train run with JAX_PLATFORMS=cuda by hand: the CPU processes are told otherwise.
+    assert learner_placement(recipe, 1, NO_USER_ENV).ray_options({"JAX_PLATFORMS": "cuda"})["runtime_env"] == {
+        "env_vars": {"JAX_PLATFORMS": "cpu"}
+    }
+    # A joined cluster's processes inherit nothing from the driver: every variable is set.
+    assert inherited_env(ClusterConfig(address="auto")) is None
+    assert inherited_env(ClusterConfig()) is not None
 
 
 def test_accelerator_types_pick_gpu_kinds_and_cpu_learners_ignore_them():

@@ -162,20 +162,19 @@ class Driver:
         recipe, rundir = self.recipe, self.rundir
         # Before any actor: Ray would leave one that asks for GPUs the cluster lacks pending forever.
         placement.check_resources(recipe, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        inherited = placement.inherited_env(recipe.cluster)
         recipe_json = recipe.model_dump(mode="json")
         run_dir = str(rundir.path)
-        self.syncer = SyncerActor.options(**placement.syncer_placement(recipe).ray_options()).remote(
-            recipe_json, run_dir
-        )
+        syncer_options = placement.syncer_placement(recipe).ray_options(inherited)
+        self.syncer = SyncerActor.options(**syncer_options).remote(recipe_json, run_dir)
         restored = ray.get(self.syncer.restore.remote()) if self.resume else None
         if restored:
             rundir.event("syncer_restored", **restored)
-        self.evaluator = EvaluatorActor.options(**placement.evaluator_placement(recipe).ray_options()).remote(
-            recipe_json, ray.put(self.split.eval_bytes)
-        )
+        evaluator_options = placement.evaluator_placement(recipe).ray_options(inherited)
+        self.evaluator = EvaluatorActor.options(**evaluator_options).remote(recipe_json, ray.put(self.split.eval_bytes))
 
         def options(i: int | None) -> dict[str, Any]:  # None: a spare, on the learners' defaults
-            return placement.learner_placement(recipe, i).ray_options()
+            return placement.learner_placement(recipe, i).ray_options(inherited)
 
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
             return LearnerActor.options(**options(i)).remote(
@@ -281,9 +280,9 @@ class Driver:
         self.rundir.event("syncer_died")
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
         recipe_json = self.recipe.model_dump(mode="json")
-        from dlc.engine.placement import syncer_placement
+        from dlc.engine.placement import inherited_env, syncer_placement
 
-        options = syncer_placement(self.recipe).ray_options()
+        options = syncer_placement(self.recipe).ray_options(inherited_env(self.recipe.cluster))
         syncer = SyncerActor.options(**options).remote(recipe_json, str(self.rundir.path))
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
         live = self.supervisor.live()

@@ -62,9 +62,15 @@ def test_gpu_recipe_shares_one_gpu_and_its_memory_among_four_learners_and_the_ev
     assert gpu_demand(recipe) == {None: pytest.approx(1.0)}
 
 
-def test_memory_settings_made_by_hand_replace_dlcs_on_gpu_processes_only():
+def test_memory_settings_made_by_hand_win_on_gpu_processes_only():
+    # No preallocation, by hand: JAX grows its pool on demand, still capped at the share (0.25 x 0.9).
     by_hand = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "PATH": "/bin"}
-    assert process_env(0.25, by_hand) == {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert process_env(0.25, by_hand) == {
+        "JAX_PLATFORMS": "",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.225",
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+    }
+    assert process_env(0.25, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
     assert process_env(0.0, by_hand) == {"JAX_PLATFORMS": "cpu"}
     # A whole GPU: 90% of it (JAX's default is 75%).
     assert process_env(1.0, {}) == {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}

@@ -26,8 +26,8 @@ from dlc.errors import UserError
 # Of a process's share of its GPU's memory, what JAX may take; the rest is left to each process's
 # CUDA context and libraries (cuBLAS, cuDNN workspaces), which live outside JAX's pool.
 GPU_MEMORY_SHARE = 0.9
-# JAX's memory settings: set by hand in the driver's environment, they replace dlc's on every GPU
-# process (and reach the processes of a cluster joined with cluster.address, which do not inherit it).
+# JAX's memory settings: set by hand in the driver's environment, each replaces dlc's on every GPU
+# process (and reaches the processes of a cluster joined with cluster.address, which do not inherit it).
 MEMORY_VARS = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR")
 ACCELERATOR_PREFIX = "accelerator_type:"  # Ray's node resource naming a node's GPU kind
 EPS = 1e-6  # Ray keeps resources to 4 decimals: sums like 0.24 x 4 + 0.04 must still fit in 1
@@ -68,12 +68,9 @@ def process_env(num_gpus: float, user_env: Mapping[str, str]) -> dict[str, str]:
     if num_gpus <= 0:
         return {"JAX_PLATFORMS": "cpu"}
     # Empty: JAX chooses (the GPU). The driver's own JAX_PLATFORMS=cpu must not reach this process.
-    env = {"JAX_PLATFORMS": ""}
-    by_hand = {name: user_env[name] for name in MEMORY_VARS if name in user_env}
-    if by_hand:
-        env.update(by_hand)
-    else:
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(num_gpus, 1.0) * GPU_MEMORY_SHARE:.4g}"
+    env = {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(num_gpus, 1.0) * GPU_MEMORY_SHARE:.4g}"}
+    # Set by hand, each wins; with PREALLOCATE=false alone, the share still caps what JAX may grow to.
+    env.update({name: user_env[name] for name in MEMORY_VARS if name in user_env})
     return env
 
 

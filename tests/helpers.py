@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,16 +37,29 @@ STEPS = "run.max_steps=300"
 # -- the CLI ---------------------------------------------------------------------------------------
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run `dlc ARGS` in a fresh interpreter, as a user would."""
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `dlc ARGS` in a fresh interpreter, as a user would (`env`: variables added to ours)."""
     return subprocess.run(
         [sys.executable, "-m", "dlc.cli", *args],
         cwd=cwd or REPO,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)},
     )
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this machine shows (nvidia-smi -L), without importing JAX."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
 
 
 def invoke(*args: str) -> Any:

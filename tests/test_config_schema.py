@@ -43,6 +43,16 @@ def test_overrides_apply(tmp_path):
         (["run.max_steps=null"], "no stop condition"),
         (["learners.count"], "is not key=value"),
         (["data.source=text"], "data.source=text needs data.paths"),
+        (["learners.num_gpus=2"], "learners.num_gpus=2: a learner trains on one device, so it uses at most 1 GPU"),
+        (
+            ["learners.overrides=[{index: 1, num_gpus: 1.5}]"],
+            "learners.overrides[index=1].num_gpus=1.5: a learner trains on one device",
+        ),
+        (
+            ["learners.overrides=[{index: 2, accelerator_type: H100}]"],
+            "learners.overrides[index=2].accelerator_type='H100' but learner 2 reserves no GPU: give it num_gpus",
+        ),
+        (["eval.num_gpus=2"], "eval.num_gpus=2: Input should be less than or equal to 1"),
     ],
 )
 def test_bad_values_name_field_and_fix(overrides, message):

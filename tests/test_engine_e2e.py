@@ -49,6 +49,10 @@ def test_four_learners_merge_and_learn(calm_run):
     assert kinds["learner_started"] == 4 and kinds["learner_stopped"] == 4
     status = json.loads((run_dir / "status.json").read_text())
     assert [row["id"] for row in status["learners"]] == [0, 1, 2, 3]
+    # Every learner says which device it trains on: CPU here (JAX_PLATFORMS=cpu from its placement).
+    started = [e for e in events if e["kind"] == "learner_started"]
+    assert [(e["platform"], e["device"]) for e in started] == [("cpu", "cpu")] * 4
+    assert [row["device"] for row in status["learners"]] == ["cpu"] * 4
     assert {"versions", "quorum", "grace_window_s", "rejections", "bytes_up", "bytes_down"} <= set(status["syncer"])
     train_lines = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "train"]
     assert {m["learner"] for m in train_lines} == {0, 1, 2, 3}

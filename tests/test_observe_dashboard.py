@@ -251,3 +251,17 @@ def test_start_up_phases_and_hot_spares_show_while_live(tmp_path):
     # A finished run holds no spares.
     done = frame(make_run(tmp_path / "done", status("completed", learners=rows, spares=spares), summary=summary()))
     assert "s1 " not in done
+
+
+def test_the_devices_are_in_the_header_and_per_learner_on_mixed_hardware(tmp_path):
+    same = status(learners=[learner_row(i, device="cpu") for i in range(4)])
+    text = frame(make_run(tmp_path / "cpu", same))
+    assert "devices 4 x cpu" in text
+    assert "device" not in next(line for line in text.splitlines() if line.startswith("id "))  # no column
+    devices = ["gpu: NVIDIA H100 80GB HBM3", "cpu", "cpu", "cpu"]
+    mixed = status(learners=[learner_row(i, device=d) for i, d in enumerate(devices)])
+    text = frame(make_run(tmp_path / "mixed", mixed))
+    assert "devices 3 x cpu, 1 x gpu: NVIDIA H100 80GB HBM3" in text
+    header = next(line for line in text.splitlines() if line.startswith("id "))
+    assert header.split()[-1] == "device"
+    assert row(text, 0)[-4:] == ["gpu:", "H100", "80GB", "HBM3"] and row(text, 1)[-1] == "cpu"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -113,3 +114,22 @@ def test_learner_steps_by_hand():
     run = RunData(Path("x"), "x", {}, {}, steps={0: [(10, 0), (20, 50)], 1: [(10, 0), (30, 100)]}, t0=0.0)
     # Learner 0: 0 before t=10, 25 at 15, 50 from 20 on; learner 1: 25 at 15, 50 at 20, 100 from 30.
     assert learner_steps_at(run, np.array([5.0, 15.0, 20.0, 30.0, 40.0])).tolist() == [0, 50, 100, 150, 150]
+
+
+def test_the_table_says_which_devices_the_learners_trained_on(tmp_path):
+    from dlc.observe.report import table_rows
+
+    h100 = "gpu: NVIDIA H100 80GB HBM3"
+    mixed = finished_run(tmp_path / "mixed")
+    summary = json.loads((mixed / "summary.json").read_text())
+    for row, device in zip(summary["learners"], [h100, "cpu", "cpu", "cpu"], strict=True):
+        row["device"] = device
+    (mixed / "summary.json").write_text(json.dumps(summary))
+    assert dict(table_rows(load_run(mixed, "mixed")))["devices"] == f"3 x cpu, 1 x {h100}"
+    # A run whose rows do not say (written before devices were recorded): its learner_started events do.
+    older = finished_run(tmp_path / "older")
+    assert dict(table_rows(load_run(older, "older")))["devices"] == "-"
+    with open(older / "events.jsonl", "a") as f:
+        for i in range(4):
+            f.write(json.dumps({"t": T0 + 11, "kind": "learner_started", "learner": i, "device": h100}) + "\n")
+    assert dict(table_rows(load_run(older, "older")))["devices"] == f"4 x {h100}"

@@ -32,7 +32,9 @@ def train_command(
 ) -> None:
     """Train a model from a recipe. Resumes when run.dir holds a checkpoint (unless --fresh)."""
     from dlc.config.load import load_recipe
+    from dlc.engine.placement import isolate_driver
 
+    isolate_driver()  # before anything imports JAX: the driver never trains, GPUs are the learners'
     try:
         extra = [f"cluster.address={address}"] if address else []
         loaded = load_recipe(recipe, [*(overrides or []), *extra])

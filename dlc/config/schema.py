@@ -36,6 +36,7 @@ class LearnerSettings:
     step_time_s: float
     num_cpus: float
     num_gpus: float
+    accelerator_type: str | None
     link: LinkSpec
 
 
@@ -125,7 +126,12 @@ class LearnerOverride(Section):
     batch_size: int | None = Field(None, ge=1, description="Sequences per inner step for this learner.")
     step_time_s: float | None = Field(None, ge=0, description="Pace: this learner never steps faster than this.")
     num_cpus: float | None = Field(None, ge=0, description="Ray CPU resources reserved for this learner.")
-    num_gpus: float | None = Field(None, ge=0, description="Ray GPU resources reserved for this learner.")
+    num_gpus: float | None = Field(
+        None, ge=0, description="GPU share reserved for this learner (0: it trains on CPU; at most 1)."
+    )
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator type this learner's GPU must be (e.g. H100, A100), on a mixed cluster."
+    )
     bandwidth_mbps: float | None = Field(None, gt=0, description="This learner's link bandwidth, Mbit/s each way.")
     latency_ms: float | None = Field(None, ge=0, description="This learner's one-way link latency, ms.")
     jitter_ms: float | None = Field(None, ge=0, description="This learner's latency jitter (half-normal scale), ms.")
@@ -137,7 +143,17 @@ class LearnersConfig(Section):
     seq_len: int = Field(128, ge=2, description="Training sequence length in bytes; at most model.context_len.")
     step_time_s: float = Field(0.0, ge=0, description="Pace: no learner steps faster than this (0 = no pace).")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved per learner.")
-    num_gpus: float = Field(0.0, ge=0, description="Ray GPU resources reserved per learner.")
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPU share reserved per learner, at most 1: 0 trains on CPU, 1 a whole GPU, 0.25 puts 4 learners "
+        "on one GPU (each may fill 90% of its share of the GPU's memory).",
+    )
+    accelerator_type: str | None = Field(
+        None,
+        description="Ray accelerator type every GPU learner's GPU must be (e.g. H100, A100; Ray labels each node "
+        "with its GPUs' kind). Default: any GPU.",
+    )
     xla_cpu_threads: int = Field(1, ge=1, description="XLA CPU threads per learner process.")
     spares: int = Field(
         0,
@@ -176,6 +192,7 @@ class LearnersConfig(Section):
             step_time_s=pick("step_time_s"),
             num_cpus=pick("num_cpus"),
             num_gpus=pick("num_gpus"),
+            accelerator_type=pick("accelerator_type"),
             link=LinkSpec(pick("bandwidth_mbps"), pick("latency_ms"), pick("jitter_ms")),
         )
 
@@ -301,6 +318,13 @@ class EvalConfig(Section):
     every_steps: int = Field(200, ge=1, description="Steps between evaluations on the held-out split.")
     batches: int = Field(8, ge=1, description="Batches per evaluation (fixed windows of the held-out split).")
     batch_size: int = Field(16, ge=1, description="Sequences per eval batch.")
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="GPU share reserved for the evaluator (0: it evaluates on CPU). With GPU learners, a small "
+        "share (e.g. 0.04 beside 4 learners x 0.24) makes evaluations of large models quick.",
+    )
 
 
 class Recipe(Section):
@@ -336,6 +360,20 @@ class Recipe(Section):
                 raise ValueError(
                     f"learners.overrides has index {o.index} but learners.count={self.learners.count}: "
                     f"indices run from 0 to {self.learners.count - 1}"
+                )
+        for where, gpus in [("learners.num_gpus", self.learners.num_gpus)] + [
+            (f"learners.overrides[index={o.index}].num_gpus", o.num_gpus) for o in self.learners.overrides
+        ]:
+            if gpus is not None and gpus > 1:
+                raise ValueError(
+                    f"{where}={gpus:g}: a learner trains on one device, so it uses at most 1 GPU: set 1 for a "
+                    "whole GPU, or a fraction (0.25 puts 4 learners on one GPU)"
+                )
+        for o in self.learners.overrides:
+            if o.accelerator_type is not None and self.learners.resolved(o.index).num_gpus == 0:
+                raise ValueError(
+                    f"learners.overrides[index={o.index}].accelerator_type={o.accelerator_type!r} but learner "
+                    f"{o.index} reserves no GPU: give it num_gpus (e.g. 1) or drop accelerator_type"
                 )
         sync = self.syncer
         if sync.quorum > self.learners.count:

@@ -153,26 +153,28 @@ class Driver:
     def _launch(self) -> None:
         import ray
 
+        from dlc.engine import placement
         from dlc.engine.evaluator_actor import EvaluatorActor
         from dlc.engine.learner_actor import LearnerActor
         from dlc.engine.supervisor import Supervisor
         from dlc.engine.syncer_actor import SyncerActor
 
         recipe, rundir = self.recipe, self.rundir
+        # Before any actor: Ray would leave one that asks for GPUs the cluster lacks pending forever.
+        placement.check_resources(recipe, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        inherited = placement.inherited_env(recipe.cluster)
         recipe_json = recipe.model_dump(mode="json")
         run_dir = str(rundir.path)
-        self.syncer = SyncerActor.options(num_cpus=recipe.syncer.num_cpus).remote(recipe_json, run_dir)
+        syncer_options = placement.syncer_placement(recipe).ray_options(inherited)
+        self.syncer = SyncerActor.options(**syncer_options).remote(recipe_json, run_dir)
         restored = ray.get(self.syncer.restore.remote()) if self.resume else None
         if restored:
             rundir.event("syncer_restored", **restored)
-        self.evaluator = EvaluatorActor.options(num_cpus=0).remote(recipe_json, ray.put(self.split.eval_bytes))
+        evaluator_options = placement.evaluator_placement(recipe).ray_options(inherited)
+        self.evaluator = EvaluatorActor.options(**evaluator_options).remote(recipe_json, ray.put(self.split.eval_bytes))
 
-        def options(i: int | None) -> dict[str, Any]:
-            settings = recipe.learners.resolved(-1 if i is None else i)  # a spare: the learners' defaults
-            out: dict[str, Any] = {"num_cpus": settings.num_cpus}
-            if settings.num_gpus:
-                out["num_gpus"] = settings.num_gpus
-            return out
+        def options(i: int | None) -> dict[str, Any]:  # None: a spare, on the learners' defaults
+            return placement.learner_placement(recipe, i).ray_options(inherited)
 
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
             return LearnerActor.options(**options(i)).remote(
@@ -188,6 +190,10 @@ class Driver:
         joiners = [streams[i] for i in range(recipe.learners.count, len(streams))]
         self.supervisor = Supervisor(recipe, rundir, self.syncer, make_learner, joiners, make_spare)
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
+        # A backend that failed to start (no CUDA plugin, GPU memory taken) ends the run here, in one line.
+        *devices, _ = ray.get(
+            [h.device_info.remote() for h in self.learners.values()] + [self.evaluator.device_info.remote()]
+        )
         if self.resume:
             for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
                 rundir.event("run_resumed", learner=i, **where)
@@ -201,7 +207,7 @@ class Driver:
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
-            rundir.event("learner_started", learner=i, pid=pid)
+            rundir.event("learner_started", learner=i, pid=pid, **devices[i])
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
         self.supervisor.keep_spares()  # after the learners, which come first for CPUs and compile time
 
@@ -283,7 +289,10 @@ class Driver:
         self.rundir.event("syncer_died")
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
         recipe_json = self.recipe.model_dump(mode="json")
-        syncer = SyncerActor.options(num_cpus=self.recipe.syncer.num_cpus).remote(recipe_json, str(self.rundir.path))
+        from dlc.engine.placement import inherited_env, syncer_placement
+
+        options = syncer_placement(self.recipe).ray_options(inherited_env(self.recipe.cluster))
+        syncer = SyncerActor.options(**options).remote(recipe_json, str(self.rundir.path))
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
         live = self.supervisor.live()
         ray.get([syncer.register.remote(i, h, False) for i, h in live.items()], timeout=60)

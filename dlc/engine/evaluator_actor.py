@@ -8,6 +8,8 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.engine.placement import evaluator_placement
+from dlc.errors import UserError
 
 
 class EvaluatorWorker:
@@ -15,7 +17,14 @@ class EvaluatorWorker:
 
     def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
         self.recipe = Recipe.model_validate(recipe_json)
-        from dlc.core.runtime import compilation_cache_dir, enable_compilation_cache
+        from dlc.core.runtime import BackendError, compilation_cache_dir, enable_compilation_cache, start_backend
+
+        self.backend_error: str | None = None
+        try:
+            self.device = start_backend(evaluator_placement(self.recipe, {}).platform, "eval.num_gpus")
+        except BackendError as exc:  # reported by device_info, in one line
+            self.backend_error = f"the evaluator (eval.num_gpus={self.recipe.eval.num_gpus:g}): {exc}"
+            return
 
         if self.recipe.run.compile_cache:  # before JAX compiles anything in this process
             enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
@@ -25,6 +34,12 @@ class EvaluatorWorker:
         graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
         self._unflatten = unflatten_params
         self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)
+
+    def device_info(self) -> dict[str, str]:
+        """The device it evaluates on; raises the backend's error (a UserError) if JAX failed to start."""
+        if self.backend_error:
+            raise UserError(self.backend_error)
+        return dict(self.device)
 
     def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
         return self.evaluator(self._unflatten(flat, self.like))

@@ -25,6 +25,15 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.core.runtime import (
+    BackendError,
+    CompileLog,
+    compilation_cache_dir,
+    enable_compilation_cache,
+    start_backend,
+)
+from dlc.engine.placement import learner_placement
+from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.files import learner_checkpoint_dir
 
@@ -46,8 +55,20 @@ class LearnerWorker:
     ) -> None:
         constructed = time.time()
         self.recipe = Recipe.model_validate(recipe_json)
-        from dlc.core.runtime import CompileLog, compilation_cache_dir, enable_compilation_cache
-
+        self.index = index
+        self.incarnation = incarnation
+        # JAX's backend starts first: a GPU that fails (no CUDA plugin, out of memory) is reported
+        # by `device_info`, `ready` and `poll` in one line, and nothing else is built.
+        self.device: dict[str, str] = {}
+        self.backend_error: str | None = None
+        platform = learner_placement(self.recipe, index, {}).platform
+        try:
+            self.device = start_backend(platform)
+        except BackendError as exc:
+            who = "hot spare" if index is None else f"learner {index}"
+            self.backend_error = f"{who} (pid {os.getpid()}): {exc}"
+            self.state, self.error = "failed", self.backend_error
+            return
         if self.recipe.run.compile_cache:
             enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
         self.compiles = CompileLog(cached=self.recipe.run.compile_cache)
@@ -59,8 +80,6 @@ class LearnerWorker:
         self.startup: dict[str, Any] = {}
         if requested_at is not None:
             self.startup["process_s"] = round(constructed - requested_at, 3)
-        self.index = index
-        self.incarnation = incarnation
         self.syncer = syncer
         self.run_dir = run_dir
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
@@ -125,6 +144,13 @@ class LearnerWorker:
         if not self._compiled.is_set():
             return "compiling" if self.compiles.compiling else "loading compiled step"
         return "ready" if self.index is None else "starting"
+
+    def device_info(self) -> dict[str, str]:
+        """The device this process trains on: platform, device_kind and their label ('gpu: NVIDIA H100
+        80GB HBM3', 'cpu'); raises the backend's error (a UserError) if JAX failed to start."""
+        if self.backend_error:
+            raise UserError(self.backend_error)
+        return dict(self.device)
 
     def take_slot(self, index: int, stream: np.ndarray, incarnation: int) -> int:
         """A hot spare becomes learner `index` (a new incarnation) with its data stream; returns its pid."""
@@ -200,6 +226,7 @@ class LearnerWorker:
                             "kind": "learner_training",
                             "learner": self.index,
                             "incarnation": self.incarnation,
+                            "device": self.device["device"],
                             **self.startup,
                         }
                     )
@@ -238,6 +265,9 @@ class LearnerWorker:
                     )
 
     def poll(self) -> dict[str, Any]:
+        if self.backend_error:
+            snapshot = {"id": self.index, "state": "failed", "phase": None, "startup": {}, "pid": os.getpid()}
+            return {"snapshot": snapshot, "events": [], "metrics": [], "error": self.backend_error}
         with self.lock:
             events, self.events = self.events, []
             metrics, self.metrics = self.metrics, []
@@ -265,6 +295,7 @@ class LearnerWorker:
             "link_queued": self.transport.queued(),
             "link_blocked_s": round(self.transport.blocked_s(), 3),
             "pid": os.getpid(),
+            "device": self.device["device"],
         }
 
     @ray.method(concurrency_group="deliveries")  # one thread: messages from the syncer stay in order
@@ -281,7 +312,9 @@ class LearnerWorker:
         self.transport.impair(self.index, factor, seconds)
 
     def ready(self) -> int:
-        """Answers once the actor is constructed; returns its pid."""
+        """Answers once the actor is constructed; returns its pid (raises if its backend failed)."""
+        if self.backend_error:
+            raise UserError(self.backend_error)
         return os.getpid()
 
     # -- serving a state copy to a rejoining peer, without pausing ----------------------------

@@ -26,6 +26,8 @@ import ray
 
 from dlc.config.schema import Recipe
 from dlc.engine.control import ChaosLog
+from dlc.engine.placement import same_placement
+from dlc.errors import UserError
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
@@ -188,19 +190,27 @@ class Supervisor:
                     "spare_ready",
                     spare=spare.name,
                     after_s=round(time.time() - spare.requested_at, 3),
+                    device=spare.view.get("device"),
                     **spare.view["startup"],
                 )
         self.keep_spares()
 
     def spare_rows(self) -> list[dict[str, Any]]:
         return [
-            {"id": s.name, "state": "spare", "phase": s.view.get("phase"), "startup": s.view.get("startup", {})}
+            {
+                "id": s.name,
+                "state": "spare",
+                "phase": s.view.get("phase"),
+                "startup": s.view.get("startup", {}),
+                "device": s.view.get("device"),
+            }
             for s in self.spares
         ]
 
-    def _take_spare(self) -> Spare | None:
-        """The readiest spare (compiled first), taken out of the pool; None if there is none."""
-        if not self.spares:
+    def _take_spare(self, index: int) -> Spare | None:
+        """The readiest spare (compiled first), taken out of the pool; None if there is none, or if
+        learner `index` runs elsewhere than the spares (another device or share: a new process)."""
+        if not self.spares or not same_placement(self.recipe, index, None):
             return None
         spare = max(self.spares, key=lambda s: s.ready)
         self.spares.remove(spare)
@@ -308,7 +318,7 @@ class Supervisor:
         self.chaos.outcome("kill", i, "detected", after_s=self.chaos.since("kill", i))
         self.syncer.leave.remote(i)
         incarnation = self.restarts[i] + 1
-        spare = self._take_spare()
+        spare = self._take_spare(i)
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
             slot.recovery = Recovery(
@@ -344,7 +354,8 @@ class Supervisor:
                     )
                     slot.view["phase"] = "starting process"
                     continue
-                self.failure = f"learner {i} could not be restarted: {exc}"
+                cause = getattr(exc, "cause", None)  # a backend that failed to start: its one line
+                self.failure = f"learner {i} could not be restarted: {cause if isinstance(cause, UserError) else exc}"
                 slot.recovery = None
                 continue
             if rec.phase == "restarting":

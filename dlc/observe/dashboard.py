@@ -126,7 +126,8 @@ def _header(snap: dict[str, Any]) -> Panel:
     badput = {k: v for k, v in (snap.get("badput") or {}).items() if isinstance(v, int | float) and v > 0}
     if badput:
         second.append("badput " + ", ".join(f"{k} {fmt_duration(v)}" for k, v in sorted(badput.items())))
-    body = Fit(lambda width: Text("\n".join(_flow(first, width) + _flow(second, width))))
+    third = [] if not snap.get("devices") else [f"devices {snap['devices']}"]
+    body = Fit(lambda width: Text("\n".join(_flow(first, width) + _flow(second, width) + _flow(third, width))))
     return Panel(body, title=title, title_align="left", subtitle=snap["run_dir"], subtitle_align="right")
 
 
@@ -144,7 +145,10 @@ def _flow(items: list[str], width: int, gap: str = "   ") -> list[str]:
 def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
     table = Table(box=None, padding=(0, 1), collapse_padding=narrow, header_style="bold dim", pad_edge=False)
     with_goodput = any(row.get("goodput") is not None for row in snap["learners"])
+    # Learners on different devices (mixed hardware): each row says which; otherwise the header does.
+    with_device = len({row["device"] for row in snap["learners"] if row.get("device")}) > 1
     columns = ("id", "state", "step", "tokens", "tok/s", "loss", "last push", "stale", "restarts", "rejected")
+    columns += ("device",) if with_device else ()
     for name in (*columns, "goodput") if with_goodput else columns:
         # The state is what a glance looks for: never cut it.
         width = max(len(name), 10) if name == "state" else len(name)
@@ -162,12 +166,18 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
             "-" if stale is None else str(stale),
             str(row["restarts"]),
             str(row["rejected"]),
+            *([short_device(row.get("device"))] if with_device else []),
             *(["-" if goodput is None else f"{goodput:.1%}"] if with_goodput else []),
         )
     for row in snap.get("spares", []):
         blank = ["-"] * (len(columns) - 2 + with_goodput)
         table.add_row(Text(str(row["id"]), style="dim"), _state_cell(row), *blank)
     return table
+
+
+def short_device(label: str | None) -> str:
+    """A device label fit for a table cell: 'gpu: H100 80GB HBM3', 'cpu'."""
+    return "-" if not label else label.replace(": NVIDIA ", ": ")
 
 
 def _state_cell(row: dict[str, Any]) -> Text:

@@ -128,6 +128,7 @@ class RunReader:
         self.feed: deque[dict[str, Any]] = deque(maxlen=FEED_LINES)
         self.lifecycle: deque[dict[str, Any]] = deque(maxlen=FEED_LINES)
         self.restarts: Counter[int] = Counter()
+        self.devices: dict[int, str] = {}  # learner -> device label, from its start-up events
         self.status: dict[str, Any] = {}
         self.status_bad = False
         self.traffic: deque[tuple[float, int, int]] = deque(maxlen=40)
@@ -141,6 +142,8 @@ class RunReader:
         events, metrics, chaos = (batch or [] for batch in batches)
         for e in events:
             kind, learner = e.get("kind"), e.get("learner")
+            if kind in ("learner_started", "learner_training") and isinstance(e.get("device"), str):
+                self.devices[learner] = e["device"]
             if kind == "cluster_started":
                 self.embedded = e.get("address") == "embedded"
             elif kind == "push_rejected" and isinstance(learner, int):
@@ -223,6 +226,7 @@ class RunReader:
             "goodput": goodput if goodput is not None else _num(st.get("goodput")),
             "badput": _badput(_dict(summary)) or _badput(st),
             "learners": learners,
+            "devices": device_summary([row["device"] for row in learners]),
             "spares": self._spares(st, live),
             "syncer": {
                 "rounds_closed": _int(sync.get("rounds_closed")),
@@ -286,6 +290,7 @@ class RunReader:
                     "goodput": _num(r.get("goodput")),
                     "pid": pid,
                     "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
+                    "device": r.get("device") if isinstance(r.get("device"), str) else self.devices.get(i),
                 }
             )
         return out
@@ -299,6 +304,7 @@ class RunReader:
                 "id": str(r.get("id")),
                 "state": "spare",
                 "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
+                "device": r.get("device") if isinstance(r.get("device"), str) else None,
             }
             for r in rows or []
             if isinstance(r, dict)
@@ -318,6 +324,12 @@ class RunReader:
         if elapsed:
             return up / elapsed, down / elapsed
         return None, None
+
+
+def device_summary(devices: list[str | None]) -> str | None:
+    """Learners per device, most first: '4 x gpu: NVIDIA H100 80GB HBM3', '1 x gpu: ..., 3 x cpu'."""
+    counts = Counter(d for d in devices if d)
+    return ", ".join(f"{n} x {d}" for d, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or None
 
 
 def _badput(source: dict[str, Any]) -> dict[str, float]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dlc.observe.console import fmt_duration
-from dlc.observe.reader import count_params, dp_equivalent_bytes, lifecycle_entry, read_recipe
+from dlc.observe.reader import count_params, device_summary, dp_equivalent_bytes, lifecycle_entry, read_recipe
 from dlc.observe.timeline import STATES, SYNCER, Interval, learner_intervals, window_for, windowed_goodput
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
@@ -46,6 +46,7 @@ class RunData:
     steps: dict[int, list[tuple[float, int]]] = field(default_factory=dict)  # learner -> (t, step)
     chaos: list[dict[str, Any]] = field(default_factory=list)
     t0: float = 0.0
+    devices: str | None = None  # learners per device, from learner_started events (runs whose rows lack it)
 
     @property
     def params(self) -> int | None:
@@ -82,6 +83,8 @@ def load_run(path: Path, label: str) -> RunData:
             run.goodput.append((m["t"], m["goodput"]))
             if isinstance(m.get("productive_s"), int | float) and isinstance(m.get("allocated_s"), int | float):
                 run.ledger.append((m["t"], m["productive_s"], m["allocated_s"]))
+    started = {e.get("learner"): e["device"] for e in events if e.get("kind") == "learner_started" and "device" in e}
+    run.devices = device_summary(list(started.values()))
     fragments = int((run.recipe.get("syncer") or {}).get("fragments") or 1)
     learner_sent = any(e.get("kind") == "push_sent" for e in events)  # older logs: the learner's view
     pending: set[int] = set()  # learners started and not yet seen pushing
@@ -348,6 +351,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("status", _fmt(s.get("status", s.get("state")))),
         ("algorithm", _fmt(s.get("algorithm"))),
         ("learners", _fmt(len(s.get("learners") or []))),
+        ("devices", _fmt(device_summary([r.get("device") for r in s.get("learners") or []]) or run.devices)),
         ("parameters", _fmt(run.params)),
         ("steps (mean per learner)", _fmt(s.get("steps", s.get("step")), 1)),
         ("tokens", _fmt(tokens)),

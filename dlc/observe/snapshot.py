@@ -28,6 +28,7 @@ LEARNER_SUMMARY_KEYS = (
     "adopted",
     "bytes_sent",
     "steady_tokens_per_s",
+    "device",
 )
 
 

@@ -1,0 +1,94 @@
+"""GPUs on the real CLI and a real local Ray cluster.
+
+Without a GPU: a recipe reserving GPUs the cluster lacks, and a learner whose JAX has no GPU backend,
+each end the run in one line with exit code 2. With one (marker `gpu`, skipped where nvidia-smi shows
+none): recipes/gpu.yaml's 4 learners share it with nothing set by hand, and recipes/mixed.yaml's GPU
+learner lifts the CPU learners' global model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, TINY, assert_user_error, read_jsonl, run_cli, visible_gpus
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+GPUS = visible_gpus()
+needs_gpu = pytest.mark.skipif(GPUS == 0, reason="no NVIDIA GPU visible")
+
+
+def kinds(run_dir: Path) -> list[str]:
+    return [e["kind"] for e in read_jsonl(run_dir / "events.jsonl")]
+
+
+@pytest.mark.skipif(GPUS >= 4, reason="this machine has the 4 GPUs the recipe asks for")
+def test_gpus_the_cluster_lacks_are_refused_before_any_process_starts(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("train", str(TINY), f"run.dir={run_dir}", "learners.num_gpus=1", timeout=120)
+    assert_user_error(result, "error: the recipe reserves 4 GPUs (4 learners x 1) but the Ray cluster has ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "learner_started" not in kinds(run_dir) and not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.skipif(GPUS > 0, reason="with a GPU and a CUDA jax the learners would train")
+def test_a_learner_whose_jax_has_no_gpu_backend_ends_the_run_in_one_line(tmp_path):
+    # Ray is told the machine has a GPU (it has none): the learners are placed, start JAX, find only CPU.
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "train",
+        str(TINY),
+        f"run.dir={run_dir}",
+        "learners.count=2",
+        "learners.num_gpus=0.5",
+        timeout=180,
+        env={"RAY_OVERRIDE_RESOURCES": json.dumps({"GPU": 1})},
+    )
+    assert_user_error(result, "it reserved a GPU but JAX started on cpu (cpu); install JAX's CUDA plugin")
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: learner 0 (pid ") or line.startswith("error: learner 1 (pid "), line
+    assert "pip install -e '.[cuda]'" in line and "learners.num_gpus=0 to run on CPU" in line
+    assert "learner_started" not in kinds(run_dir) and not (run_dir / "summary.json").exists()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_four_learners_share_one_gpu_with_nothing_set_by_hand(tmp_path):
+    run_dir = tmp_path / "gpu"
+    result = run_cli(
+        "train",
+        str(REPO / "recipes" / "gpu.yaml"),
+        f"run.dir={run_dir}",
+        "run.max_steps=150",
+        "inner.warmup_steps=30",
+        "eval.every_steps=75",
+        timeout=850,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    started = [e for e in read_jsonl(run_dir / "events.jsonl") if e["kind"] == "learner_started"]
+    assert len(started) == 4 and all(e["platform"] == "gpu" and e["device"].startswith("gpu: ") for e in started)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert all(row["device"].startswith("gpu: ") for row in status["learners"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and all(row["contributed"] > 0 for row in summary["learners"])
+    assert summary["eval_loss_final"] < 0.8 * summary["eval_loss_initial"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_gpu_learner_beside_cpu_learners_beats_the_cpu_learners_alone(tmp_path):
+    mixed, alone = tmp_path / "mixed", tmp_path / "alone"
+    recipe = str(REPO / "recipes" / "mixed.yaml")
+    result = run_cli("train", recipe, f"run.dir={mixed}", "run.max_wall_s=90", timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((mixed / "summary.json").read_text())["learners"]
+    assert rows[0]["device"].startswith("gpu: ") and [r["device"] for r in rows[1:]] == ["cpu"] * 3
+    assert all(row["contributed"] > 0 for row in rows)  # every learner's vote counted
+    result = run_cli(
+        "train", recipe, f"run.dir={alone}", "run.max_wall_s=90", "learners.count=3", "learners.overrides=[]"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loss = {p.name: json.loads((p / "summary.json").read_text())["eval_loss_final"] for p in (mixed, alone)}
+    assert loss["mixed"] < loss["alone"], loss

@@ -125,6 +125,8 @@ def chaos_command(
         "--seed": seed,
         "--duration": duration,
     }
+    if plan is not None and plan.is_dir():
+        raise UserError(f"--plan {str(plan)!r} is a directory: give a plan YAML file, or a shipped plan's name")
     overrides: dict[str, Any] = {OPTION_KEYS[o]: v for o, v in given.items() if v is not None}
     if dry_run:
         overrides["dry_run"] = True

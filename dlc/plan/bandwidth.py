@@ -126,9 +126,11 @@ class LinkSetup:
         ):
             need = SIM_BYTES_PER_MESSAGE * count
             if need > available_bytes:
+                from dlc.plan.memory import format_bytes
+
                 raise UserError(
                     f"{option}={getattr(self, option[2:]):,}: the step simulation replays {what}, which needs "
-                    f"about {need / 2**30:,.3g} GiB of memory; this machine has {available_bytes / 2**30:,.1f} GiB "
+                    f"about {format_bytes(need)} of memory; this machine has {format_bytes(available_bytes)} "
                     f"available: lower {option}"
                 )
 

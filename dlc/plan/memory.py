@@ -83,6 +83,9 @@ def fragment_plan(recipe: Recipe) -> FragmentPlan:
 
 
 def format_bytes(n: float) -> str:
+    """1.5 * 2**30 -> '1.5 GiB'; beyond a thousand TiB in powers of ten ('2.1e+06 TiB')."""
+    if n >= 1000 * 2**40:
+        return f"{n / 2**40:.2g} TiB"
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"

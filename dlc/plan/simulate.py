@@ -316,12 +316,14 @@ def check_size(chips: float, model: FailureModel, available_bytes: int | None = 
 
         available_bytes = int(psutil.virtual_memory().available)
     if not need <= available_bytes:  # also refuses an infinite or NaN count
+        from dlc.plan.memory import format_bytes
+
         raise UserError(
             f"simulating {chips:.3g} chips for {model.horizon_days:g} days draws about {failures:.3g} failures "
-            f"(1 per {model.mtbi_chip_years:g} chip-years, plus a warm-up of the longest repair), which needs "
-            f"about {need / 2**30:,.3g} GiB of memory; this machine has {available_bytes / 2**30:,.1f} GiB "
-            "available: shorten --horizon-days, lower --chips, --failures-per-chip-year, --repair-mean-h or "
-            "--dp-restart-s"
+            f"({1 / model.mtbi_chip_years:g} per chip-year, over the horizon and a warm-up as long as the longest "
+            f"repair), which needs about {format_bytes(need)} of memory; this machine has "
+            f"{format_bytes(available_bytes)} available: shorten --horizon-days, or lower --chips, "
+            "--failures-per-chip-year, --repair-mean-h or --dp-restart-s"
         )
 
 

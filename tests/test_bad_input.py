@@ -335,6 +335,25 @@ def test_a_healthy_run_directory_passes_every_check(damage, run_copy, corpus):
     assert snapshot(run_copy) == before  # the run had not started: nothing was written yet
 
 
+def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_starts(run_copy, corpus, tmp_path):
+    from dlc.run.rundir import RunDir
+
+    new, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, tmp_path / "new")), fresh=False)
+    new.event("run_started")
+    assert not resume and (tmp_path / "new" / "recipe.yaml").is_file()  # dlc status sees it starting
+    assert "run_started" in (tmp_path / "new" / "events.jsonl").read_text()
+    new.close()
+
+    before = snapshot(run_copy)
+    old, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, run_copy)), fresh=False)
+    old.event("run_started")
+    assert resume and snapshot(run_copy) == before  # held until the engine has started
+    old.open()
+    assert (run_copy / "events.jsonl").read_text().splitlines()[-1].startswith('{"t"')
+    assert '"kind": "run_started"' in (run_copy / "events.jsonl").read_text().splitlines()[-1]
+    old.close()
+
+
 def test_a_resume_refused_while_the_engine_starts_writes_nothing(run_copy, corpus, monkeypatch):
     """A learner that cannot read its checkpoint refuses the resume from inside its actor, after the
     cluster has started: the events, the TensorBoard file and the recipe must not change either."""

@@ -3,10 +3,11 @@
 Everything a later reader (`dlc status`, `dlc report`, a person with `jq`) needs is a file here;
 nothing requires a connection to the running job.
 
-Nothing in an existing run directory changes until the run has started: `RunDir.prepare` only
-checks (and creates a directory that does not exist yet), events and metrics recorded while the
-engine starts are held in memory, and `open` writes them with the recipe once every learner has
-restored its checkpoint. A refused start or resume leaves the directory as it was.
+Nothing in a directory that holds an earlier run changes until this run has started:
+`RunDir.prepare` only checks, events and metrics recorded while the engine starts are held in
+memory, and `open` writes them with the recipe once every learner has restored its checkpoint. A
+refused start or resume leaves the directory as it was. A new (or emptied) directory is opened at
+once, so `dlc status` sees the run while the engine starts.
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ class RunDir:
                 elif target.exists():
                     target.unlink()
         text = dump_recipe(recipe.model_copy(update={"run": recipe.run.model_copy(update={"dir": str(path)})}))
-        return cls(path, text), has_checkpoint and not fresh
+        rundir = cls(path, text)
+        if not any((path / name).exists() for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR)):
+            # No earlier run here to protect: show this one to dlc status while the engine starts.
+            rundir.open()
+        return rundir, has_checkpoint and not fresh
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -97,6 +102,8 @@ class RunDir:
 
     def open(self) -> None:
         """The run has started: write the recipe, open the logs, write what was recorded so far."""
+        if self.opened:
+            return
         (self.path / RECIPE_FILE).write_text(self._recipe_text)
         for name in (EVENTS_FILE, METRICS_FILE):
             self._files[name] = open(self.path / name, "a", buffering=1)  # noqa: SIM115 (closed by close)

@@ -18,9 +18,12 @@ from dlc.errors import UserError
 
 VOCAB_SIZE = 256  # bytes, as dlc.core.model
 FLOAT_BYTES = 4  # everything is float32
-# Python, NumPy, JAX, XLA's compiled functions and Ray's worker in one process: a learner of the
-# tiny recipe measures about 300 MiB before it holds any state.
-PROCESS_BYTES = 384 * 2**20
+# Python, NumPy, JAX, XLA's compiled functions and Ray's worker in one process. Measured on a run
+# of tiny (peak RSS, shared libraries counted in each): learners 490 MiB, of which about 60 MiB is
+# their state and activations; the syncer 410 MiB; the evaluator 340 MiB.
+PROCESS_BYTES = 512 * 2**20
+# The embedded cluster's own processes: GCS, raylet, the dashboard and runtime-env agents.
+RAY_BYTES = 512 * 2**20
 # A learner holds its parameters, gradients, AdamW's two moments, its anchors, and the step's
 # new parameters while the donated old ones are released: six float32 copies of the model.
 LEARNER_COPIES = 6
@@ -112,7 +115,7 @@ class Footprint:
 
     @property
     def total(self) -> int:
-        return self.learner_processes * self.learner + self.syncer + self.evaluator
+        return RAY_BYTES + self.learner_processes * self.learner + self.syncer + self.evaluator
 
 
 def _activation_floats(batch: int, seq: int, model: ModelConfig) -> int:
@@ -180,8 +183,9 @@ def check_fits(recipe: Recipe, available: int | None = None) -> Footprint:
         f"weights, gradients, AdamW and anchors = {format_bytes(need.learner_state)}; activations of batch "
         f"{need.batch} x seq {recipe.learners.seq_len} x width {model.width} x {model.num_layers} layers = "
         f"{format_bytes(need.learner_activations)}; fragments padded to {need.padded_fragment:,} values = "
-        f"{format_bytes(need.learner_fragments)}), the syncer {format_bytes(need.syncer)} and the evaluator "
-        f"{format_bytes(need.evaluator)}: lower model.width, model.num_layers or model.context_len, "
+        f"{format_bytes(need.learner_fragments)}), the syncer {format_bytes(need.syncer)}, the evaluator "
+        f"{format_bytes(need.evaluator)} and Ray {format_bytes(RAY_BYTES)}: lower model.width, model.num_layers "
+        "or model.context_len, "
         "learners.batch_size, learners.seq_len or learners.count, eval.batches or eval.batch_size, "
         "or syncer.codec_block_values"
     )

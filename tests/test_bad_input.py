@@ -453,6 +453,7 @@ COMMAND_CASES: list[tuple[str, Callable[[Path], list[str]], list[str]]] = [
     ),
     ("report-out-under-a-file", lambda tmp: ["report", "RUN", "--out", str(tmp / "f" / "x")], ["--out", "cannot"]),
     ("report-out-in-procfs", lambda tmp: ["report", "RUN", "--out", "/proc/self/dlc-report"], ["--out", "cannot"]),
+    ("chaos-kill-rate-infinite", lambda tmp: ["chaos", "RUN", "--kill-rate", "inf"], ["--kill-rate=inf", "finite"]),
     ("chaos-plan-a-folder", lambda tmp: ["chaos", "--plan", str(tmp / "d")], ["--plan", "is a directory"]),
     ("train-chaos-a-folder", lambda tmp: ["train", str(TINY), "--chaos", str(tmp / "d")], ["is a directory"]),
 ]

@@ -8,20 +8,28 @@ from dlc.config.schema import Recipe
 from dlc.core.data import load_corpus, split_corpus
 from dlc.core.runtime import prepare_compilation_cache
 from dlc.engine.driver import Driver, Outcome
+from dlc.engine.journal import check_journal
 from dlc.observe.console import ProgressView
+from dlc.plan.memory import check_fits, fragment_plan
+from dlc.run.files import syncer_journal_path
 from dlc.run.rundir import RunDir
 
 
 def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
     """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside."""
+    # Everything that can be refused is refused first, before anything is allocated or written.
+    check_fits(recipe)
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     corpus = load_corpus(recipe.data)
     min_bytes = max(recipe.learners.resolved(i).batch_size for i in range(recipe.learners.count))
     streams = recipe.learners.count + recipe.learners.join_streams
     split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
-    # Refused before the run directory is touched.
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
     rundir, resume = RunDir.prepare(recipe, fresh)
+    if resume:  # a damaged journal is found here, not by a syncer that has already started
+        plan = fragment_plan(recipe)
+        check_journal(syncer_journal_path(rundir.path), [plan.size(p) for p in range(plan.num_fragments)])
+    # Held in memory until every actor has started: written only if the run really starts.
     rundir.event(
         "run_started",
         run_dir=str(rundir.path),

@@ -9,6 +9,7 @@ import JAX or Ray at import time: conftest imports this module before any test l
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -85,6 +86,15 @@ def assert_user_error(result: Any, *fragments: str) -> None:
     assert "Traceback" not in result.stderr + result.stdout
     for fragment in fragments:
         assert fragment in result.stderr
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root`: "dir", or the file's size and SHA-256 (what "nothing changed" compares)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        out[key] = "dir" if path.is_dir() else f"{path.stat().st_size} {hashlib.sha256(path.read_bytes()).hexdigest()}"
+    return out
 
 
 # -- end-to-end runs -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from tests.helpers import TINY
 
 @pytest.fixture
 def rundir(tmp_path):
-    opened = RunDir(tmp_path)
+    opened = RunDir(tmp_path, recipe_text="")
     yield opened
     opened.close()
 

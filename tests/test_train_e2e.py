@@ -6,7 +6,16 @@ import signal
 
 import pytest
 
-from tests.helpers import TINY, assert_user_error, kill_tree, read_jsonl, run_cli, start_train, wait_for_step
+from tests.helpers import (
+    TINY,
+    assert_user_error,
+    kill_tree,
+    read_jsonl,
+    run_cli,
+    snapshot,
+    start_train,
+    wait_for_step,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -89,10 +98,13 @@ def test_resume_refuses_other_model_and_damaged_checkpoint(tmp_path):
     for f in (learner_ckpt / "20" / "state").rglob("*"):
         if f.is_file():
             f.write_bytes(b"garbage")
+    before = snapshot(run_dir)
     damaged = run_cli(*base, "run.max_steps=40")
     assert_user_error(damaged, "is unreadable", "--fresh")
-    assert (learner_ckpt / "20").is_dir()
-    assert (run_dir / "summary.json").read_text() == summary  # the last summary still stands
+    # Refused from inside the learner's actor, after the cluster started: still no event, metric,
+    # recipe or TensorBoard file was written, and the last summary stands.
+    assert snapshot(run_dir) == before
+    assert (run_dir / "summary.json").read_text() == summary
 
     fresh = run_cli(*base, "run.max_steps=10", "--fresh")
     assert fresh.returncode == 0, fresh.stderr[-2000:]

@@ -6,6 +6,7 @@ The chaos package is imported inside the command so importing this module stays 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -125,6 +126,11 @@ def chaos_command(
         "--seed": seed,
         "--duration": duration,
     }
+    for option, value in given.items():
+        if isinstance(value, float) and not math.isfinite(value):  # an infinite rate never stops firing
+            raise UserError(f"{option}={value} must be a finite number")
+    if plan is not None and plan.is_dir():
+        raise UserError(f"--plan {str(plan)!r} is a directory: give a plan YAML file, or a shipped plan's name")
     overrides: dict[str, Any] = {OPTION_KEYS[o]: v for o, v in given.items() if v is not None}
     if dry_run:
         overrides["dry_run"] = True

@@ -7,6 +7,7 @@ matplotlib are imported inside the commands so importing this module stays cheap
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ def parse_count(text: str, option: str) -> float:
     if match is None:
         raise UserError(f"{option}={text!r} is not a count: write e.g. 150k, 1.2M, 5B or 2400000")
     value = float(match.group(1).replace("_", "")) * _SUFFIX[match.group(2).lower()]
+    if not math.isfinite(value):
+        raise UserError(f"{option}={text!r} is too large to be a count: write e.g. 150k, 1.2M or 5B")
     if not value > 0:
         raise UserError(f"{option}={text!r} must be positive: write e.g. 150k or 1.2M")
     return value
@@ -219,7 +222,7 @@ def _report_sweep(
     from dlc.plan.simulate import check_shape
 
     chip_list, learner_list = _parse_axes(axes)
-    check_shape(min(chip_list), max(learner_list), quorum)
+    check_shape(min(chip_list), max(learner_list), quorum, seed)
     start = time.perf_counter()
     rows = _run_sweep(chip_list, learner_list, quorum, model, seed)
     seconds = time.perf_counter() - start

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from dlc.errors import UserError
+
 
 def train_command(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file, e.g. recipes/tiny.yaml.", show_default=False)],
@@ -41,6 +43,9 @@ def train_command(
         plan = None
         if chaos is not None:
             from chaos.plan import load_plan, resolve_plan_path
+
+            if Path(chaos).is_dir():
+                raise UserError(f"--chaos {chaos!r} is a directory: give a plan YAML file, or a shipped plan's name")
 
             plan = load_plan(resolve_plan_path(chaos))
             plan.check_learners(range(loaded.learners.count))

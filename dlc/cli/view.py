@@ -56,6 +56,9 @@ def report_command(
     target = out or (paths[0] / "report" if len(paths) == 1 else Path("report"))
     if target.exists() and not target.is_dir():
         raise UserError(f"--out {str(target)!r} exists and is not a directory: choose another --out")
+    from dlc.run.rundir import ensure_writable_dir
+
+    ensure_writable_dir(target, "--out")  # before the plots are drawn, not when the first is saved
     from dlc.observe.report import write_report
 
     written = write_report(paths, target)

@@ -65,6 +65,8 @@ def recipe_from_dict(data: dict[str, Any], origin: str = "recipe") -> Recipe:
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read a YAML recipe, apply dotted key=value overrides, validate the whole tree once."""
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"recipe {str(path)!r} is a directory: give a recipe file inside it, e.g. recipes/tiny.yaml")
     if not path.is_file():
         hint = ", ".join(sorted(p.name for p in Path("recipes").glob("*.yaml"))) if Path("recipes").is_dir() else ""
         raise UserError(f"recipe file {str(path)!r} not found" + (f": recipes here are {hint}" if hint else ""))
@@ -72,6 +74,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = yaml.safe_load(path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UserError(f"recipe {str(path)!r} is not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"recipe {str(path)!r} cannot be read ({exc.strerror}): check its permissions") from None
     if not isinstance(data, dict):
         raise UserError(f"recipe {str(path)!r} must be a mapping of sections (run:, model:, ...)")
     data = merge_tree(data, parse_overrides(overrides or []))
@@ -114,7 +118,8 @@ def describe_validation_error(exc: ValidationError, origin: str) -> str:
             lines.append(str(err["msg"]).removeprefix("Value error, "))
         else:
             value = err.get("input")
-            lines.append(f"{where}={value!r}: {err['msg']}")
+            shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as YAML writes it
+            lines.append(f"{where}={shown}: {err['msg']}")
     return f"invalid recipe {origin}:\n  " + "\n  ".join(lines)
 
 

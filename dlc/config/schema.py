@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# Seeds feed NumPy's and JAX's generators, which take unsigned 32-bit values.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,18 @@ class LearnerSettings:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No inf or nan anywhere: every number here is a size, a rate or a time that must be finite.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 in an int or float field; in a recipe it is always a slip.
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if bool not in (annotation, *getattr(annotation, "__args__", ())):
+                raise PydanticCustomError("bool_for_number", "true/false is not a number: write a number here")
+        return value
 
 
 class RunConfig(Section):
@@ -51,7 +66,9 @@ class RunConfig(Section):
         description="Run directory. Default: runs/<name>-<UTC timestamp>. Point it at an existing run "
         "directory to resume from its checkpoint.",
     )
-    seed: int = Field(0, description="Seed for parameter initialisation and the data split.")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seed for parameter initialisation and the data split (0 to 2^32 - 1)."
+    )
     max_steps: int | None = Field(None, ge=1, description="Stop after this many inner steps per learner.")
     max_tokens: int | None = Field(
         None, ge=1, description="Stop after this many training tokens (bytes), all learners together."
@@ -174,6 +191,15 @@ class LearnersConfig(Section):
         0.0, ge=0, description="Emulated latency jitter, ms (half-normal scale; messages never overtake)."
     )
     overrides: list[LearnerOverride] = Field(default_factory=list, description="Per-learner settings.")
+
+    @model_validator(mode="after")
+    def _one_override_per_learner(self) -> LearnersConfig:
+        seen: set[int] = set()
+        for o in self.overrides:
+            if o.index in seen:
+                raise ValueError(f"learners.overrides names learner {o.index} twice: merge its settings into one entry")
+            seen.add(o.index)
+        return self
 
     def resolved(self, index: int) -> LearnerSettings:
         """Learner `index`'s settings: its override where one is set, else the learners' default.
@@ -354,6 +380,13 @@ class Recipe(Section):
             raise ValueError(
                 f"learners.seq_len={self.learners.seq_len} is longer than model.context_len={ctx}: "
                 "shorten seq_len or raise context_len"
+            )
+        block = self.data.block_bytes
+        if block < self.learners.seq_len + 1:
+            raise ValueError(
+                f"data.block_bytes={block} is shorter than one training window (learners.seq_len="
+                f"{self.learners.seq_len} bytes plus the byte it predicts): raise data.block_bytes to at least "
+                f"{self.learners.seq_len + 1} or shorten learners.seq_len"
             )
         for o in self.learners.overrides:
             if o.index >= self.learners.count:

@@ -72,9 +72,7 @@ class Driver:
         self.started = time.time()
         self.snapshots = Snapshots(recipe, str(rundir.path), self.budget, self.started)
         self.started_monotonic = time.monotonic()
-        from dlc.observe.tensorboard import TensorBoardWriter
-
-        self.tb = TensorBoardWriter(rundir.path)
+        self.tb: Any = None  # opened with the run directory, once the run has started
         self.prior_wall_s = 0.0
         self._rejected_by_learner: dict[int, int] = {}
         self.syncer_view: dict[str, Any] = {}
@@ -111,8 +109,13 @@ class Driver:
         self.rundir.event("cluster_started", **started)
         try:
             self._launch()
+            # Every actor has started and restored: only now does the run directory change, so a
+            # refused resume (an unreadable checkpoint, another run's syncer) leaves it as it was.
+            self.rundir.open()
+            from dlc.observe.tensorboard import TensorBoardWriter
+
+            self.tb = TensorBoardWriter(self.rundir.path)
         except BaseException as exc:
-            # Nothing has trained yet: leave the run directory's summary and status as they were.
             cluster.stop_cluster()
             raise _user_error_inside(exc) from None
         status, exit_code = "failed", 1
@@ -364,7 +367,8 @@ class Driver:
     def _metric(self, **fields: Any) -> None:
         """One metrics.jsonl line, mirrored to TensorBoard."""
         self.rundir.metric(**fields)
-        self.tb.metric(fields)
+        if self.tb is not None:
+            self.tb.metric(fields)
 
     def _view(self) -> RunView:
         return RunView(

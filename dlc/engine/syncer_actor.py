@@ -18,7 +18,7 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
-from dlc.engine.journal import Journal
+from dlc.engine.journal import Journal, damaged
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.files import syncer_checkpoint_dir, syncer_journal_path
@@ -81,8 +81,13 @@ class SyncerWorker:
         else:
             resend = []
         replayed = 0
-        for record in self.journal.records():
-            replayed += self.syncer.replay(record)
+        sizes = [f.size for f in self.syncer.global_fragments()]
+        for record in self.journal.records(sizes):
+            try:
+                replayed += self.syncer.replay(record)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+                detail = f"a round of fragment {record['fragment']} cannot be replayed: {type(exc).__name__}"
+                raise UserError(damaged(self.journal.path, detail)) from None
             if "event" in record:
                 self._round_events.append(record["event"])
         # The dead syncer's last rounds may never have reached the driver: report them again (the

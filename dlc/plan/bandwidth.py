@@ -31,6 +31,13 @@ import numpy as np
 from dlc.errors import UserError
 
 GBIT = 1e9
+
+# The decoupled simulation replays this many passes over the fragments.
+SIM_CYCLES = 500
+# Arrays the step simulation holds per message at once: release and finish times, indices,
+# their differences and running maximum, the deadline test (8 bytes each, with room to spare).
+SIM_BYTES_PER_MESSAGE = 96
+
 APPROACHES: tuple[str, ...] = ("dp", "diloco", "decoupled_bf16", "decoupled_int4")
 CODEC_BITS: dict[str, float] = {"none": 32.0, "bf16": 16.0, "int8": 8.0, "int4": 4.0}
 
@@ -103,6 +110,29 @@ class LinkSetup:
         for ok, option, value, fix in checks:
             if not ok:
                 raise UserError(f"{option}={value:g} is out of range: {fix}")
+            if not math.isfinite(value):
+                raise UserError(f"{option}={value:g} must be a finite number: {fix}")
+        self.check_size()
+
+    def check_size(self, available_bytes: int | None = None) -> None:
+        """Raise UserError, before any array exists, for simulations larger than this machine's memory."""
+        if available_bytes is None:
+            import psutil
+
+            available_bytes = int(psutil.virtual_memory().available)
+        for option, count, what in (
+            ("--fragments", SIM_CYCLES * self.fragments, f"{SIM_CYCLES} cycles of {self.fragments:,} fragments"),
+            ("--buckets", self.buckets, f"{self.buckets:,} gradient buckets"),
+        ):
+            need = SIM_BYTES_PER_MESSAGE * count
+            if need > available_bytes:
+                from dlc.plan.memory import format_bytes
+
+                raise UserError(
+                    f"{option}={getattr(self, option[2:]):,}: the step simulation replays {what}, which needs "
+                    f"about {format_bytes(need)} of memory; this machine has {format_bytes(available_bytes)} "
+                    f"available: lower {option}"
+                )
 
     def sync_bits(self, bits_per_value: float) -> float:
         """S: bits each site's link carries for one all-reduce of every parameter."""
@@ -151,12 +181,21 @@ def _fifo_finish(release_s: np.ndarray, size_bits: float, bps: float) -> np.ndar
 
 def _smallest(ok: Callable[[float], bool], guess_bps: float) -> float:
     """Smallest bandwidth for which ``ok`` holds (``ok`` is monotone in bandwidth)."""
+    if not (math.isfinite(guess_bps) and guess_bps > 0):
+        raise UserError(
+            "no finite bandwidth meets the target at these inputs: check --params, --tau, --step-time-s "
+            "and --bits-per-value"
+        )
     lo, hi = guess_bps, guess_bps
     while ok(lo) and lo > 1.0:
         lo /= 2.0
     while not ok(hi):
         hi *= 2.0
-        assert hi < guess_bps * 1e12, "no finite bandwidth meets the target"
+        if hi > guess_bps * 1e12:
+            raise UserError(
+                f"no link under {hi / GBIT:.3g} Gbit/s meets the target: lower --utilisation or raise --tau, "
+                "--inner-steps or --step-time-s"
+            )
     while hi - lo > 1e-6 * hi:
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)
@@ -188,7 +227,7 @@ def diloco_sim_gbps(setup: LinkSetup, bits_per_value: float | None = None) -> fl
     return _smallest(lambda bps: _blocking_utilisation(setup, s, bps, setup.H) >= setup.utilisation, s) / GBIT
 
 
-def decoupled_sim_gbps(setup: LinkSetup, bits_per_value: float, cycles: int = 500) -> float:
+def decoupled_sim_gbps(setup: LinkSetup, bits_per_value: float, cycles: int = SIM_CYCLES) -> float:
     """Step-level simulation for decoupled: every fragment back within tau steps, over many cycles.
 
     Fragment i leaves at the end of step ceil((i+1) H / P); compute never waits, so
@@ -252,12 +291,10 @@ def recipe_traffic(recipe: Any) -> dict[str, float]:
     """
     from dlc.algo import get_algorithm
     from dlc.core.codec import get_codec
-    from dlc.core.fragments import FragmentPlan, shapes_of
-    from dlc.core.model import build_model, flatten_params
+    from dlc.plan.memory import fragment_plan
 
     traffic = get_algorithm(recipe.algorithm).traffic(recipe)
-    shapes = shapes_of(flatten_params(build_model(recipe.model, recipe.run.seed)[1]))
-    plan = FragmentPlan.build(shapes, traffic.fragments)
+    plan = fragment_plan(recipe)  # from the shapes alone: nothing as large as the model is allocated
     up = get_codec(traffic.up_codec, recipe.syncer.codec_block_values)
     down = get_codec(traffic.down_codec, recipe.syncer.codec_block_values)
     sizes = [plan.size(p) for p in range(plan.num_fragments)]

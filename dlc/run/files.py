@@ -26,6 +26,7 @@ SUMMARY_FILE = "summary.json"  # written when the run ends
 CHAOS_FILE = "chaos.jsonl"  # faults injected (by dlc chaos) and their observed outcomes
 CONTROL_FILE = "control.jsonl"  # requests to the driver (slow, join, leave, links, ...)
 CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files (dlc.observe.tensorboard writes them)
 
 # Learner states as status.json reports them.
 HEALTHY_STATES = frozenset({"training", "slow"})  # stepping, so rounds wait for it

@@ -355,6 +355,24 @@ def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_start
     old.close()
 
 
+def test_fresh_clears_everything_an_earlier_run_wrote(run_copy, corpus):
+    from dlc.run.rundir import RunDir
+
+    for name in ("tensorboard/events.out.tfevents.1", "chaos.jsonl", "control.jsonl", "keep-me.txt"):
+        (run_copy / name).parent.mkdir(exist_ok=True)
+        (run_copy / name).write_text("an earlier run's\n")
+    rundir, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, run_copy)), fresh=True)
+    rundir.close()
+    # Only what the new run wrote (its recipe, empty logs) and what is not a run's are left.
+    assert not resume and sorted(p.name for p in run_copy.iterdir()) == [
+        "events.jsonl",
+        "keep-me.txt",
+        "metrics.jsonl",
+        "recipe.yaml",
+    ]
+    assert (run_copy / "events.jsonl").read_text() == ""
+
+
 def test_a_resume_refused_while_the_engine_starts_writes_nothing(run_copy, corpus, monkeypatch):
     """A learner that cannot read its checkpoint refuses the resume from inside its actor, after the
     cluster has started: the events, the TensorBoard file and the recipe must not change either."""

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-TENSORBOARD_DIR = "tensorboard"
+from dlc.run.files import TENSORBOARD_DIR
+
 FILE_VERSION = "brain.Event:2"
 
 

@@ -26,7 +26,9 @@ from dlc.config.load import dump_recipe
 from dlc.config.schema import Recipe
 from dlc.errors import UserError
 from dlc.run.files import (
+    CHAOS_FILE,
     CHECKPOINT_DIR,
+    CONTROL_FILE,
     EVENTS_FILE,
     METRICS_FILE,
     RECIPE_FILE,
@@ -78,8 +80,8 @@ class RunDir:
             _check_same_run(path, recipe)
             _check_checkpoints(checkpoints)
         ensure_writable_dir(path, "run.dir")
-        if fresh and path.is_dir():
-            for name in (CHECKPOINT_DIR, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE):
+        if fresh and path.is_dir():  # everything an earlier run wrote: a fresh run's records are its own
+            for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR, CHAOS_FILE, CONTROL_FILE):
                 target = path / name
                 if target.is_dir():
                     shutil.rmtree(target)

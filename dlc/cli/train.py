@@ -34,7 +34,7 @@ def train_command(
 ) -> None:
     """Train a model from a recipe. Resumes when run.dir holds a checkpoint (unless --fresh)."""
     from dlc.config.load import load_recipe
-    from dlc.engine.placement import isolate_driver
+    from dlc.engine.devices import isolate_driver
 
     isolate_driver()  # before anything imports JAX: the driver never trains, GPUs are the learners'
     try:

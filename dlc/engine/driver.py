@@ -156,7 +156,7 @@ class Driver:
     def _launch(self) -> None:
         import ray
 
-        from dlc.engine import placement
+        from dlc.engine import devices
         from dlc.engine.evaluator_actor import EvaluatorActor
         from dlc.engine.learner_actor import LearnerActor
         from dlc.engine.supervisor import Supervisor
@@ -164,20 +164,20 @@ class Driver:
 
         recipe, rundir = self.recipe, self.rundir
         # Before any actor: Ray would leave one that asks for GPUs the cluster lacks pending forever.
-        placement.check_resources(recipe, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
-        inherited = placement.inherited_env(recipe.cluster)
+        devices.check_resources(recipe, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        inherited = devices.inherited_env(recipe.cluster)
         recipe_json = recipe.model_dump(mode="json")
         run_dir = str(rundir.path)
-        syncer_options = placement.syncer_placement(recipe).ray_options(inherited)
+        syncer_options = devices.syncer_setup(recipe).ray_options(inherited)
         self.syncer = SyncerActor.options(**syncer_options).remote(recipe_json, run_dir)
         restored = ray.get(self.syncer.restore.remote()) if self.resume else None
         if restored:
             rundir.event("syncer_restored", **restored)
-        evaluator_options = placement.evaluator_placement(recipe).ray_options(inherited)
+        evaluator_options = devices.evaluator_setup(recipe).ray_options(inherited)
         self.evaluator = EvaluatorActor.options(**evaluator_options).remote(recipe_json, ray.put(self.split.eval_bytes))
 
         def options(i: int | None) -> dict[str, Any]:  # None: a spare, on the learners' defaults
-            return placement.learner_placement(recipe, i).ray_options(inherited)
+            return devices.learner_setup(recipe, i).ray_options(inherited)
 
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
             return LearnerActor.options(**options(i)).remote(
@@ -292,9 +292,9 @@ class Driver:
         self.rundir.event("syncer_died")
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
         recipe_json = self.recipe.model_dump(mode="json")
-        from dlc.engine.placement import inherited_env, syncer_placement
+        from dlc.engine.devices import inherited_env, syncer_setup
 
-        options = syncer_placement(self.recipe).ray_options(inherited_env(self.recipe.cluster))
+        options = syncer_setup(self.recipe).ray_options(inherited_env(self.recipe.cluster))
         syncer = SyncerActor.options(**options).remote(recipe_json, str(self.rundir.path))
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
         live = self.supervisor.live()

@@ -8,7 +8,7 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
-from dlc.engine.placement import evaluator_placement
+from dlc.engine.devices import evaluator_setup
 from dlc.errors import UserError
 
 
@@ -21,7 +21,7 @@ class EvaluatorWorker:
 
         self.backend_error: str | None = None
         try:
-            self.device = start_backend(evaluator_placement(self.recipe, {}).platform, "eval.num_gpus")
+            self.device = start_backend(evaluator_setup(self.recipe, {}).platform, "eval.num_gpus")
         except BackendError as exc:  # reported by device_info, in one line
             self.backend_error = f"the evaluator (eval.num_gpus={self.recipe.eval.num_gpus:g}): {exc}"
             return

@@ -32,7 +32,7 @@ from dlc.core.runtime import (
     enable_compilation_cache,
     start_backend,
 )
-from dlc.engine.placement import learner_placement
+from dlc.engine.devices import learner_setup
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.files import learner_checkpoint_dir
@@ -61,7 +61,7 @@ class LearnerWorker:
         # by `device_info`, `ready` and `poll` in one line, and nothing else is built.
         self.device: dict[str, str] = {}
         self.backend_error: str | None = None
-        platform = learner_placement(self.recipe, index, {}).platform
+        platform = learner_setup(self.recipe, index, {}).platform
         try:
             self.device = start_backend(platform)
         except BackendError as exc:

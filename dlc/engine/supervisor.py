@@ -26,7 +26,7 @@ import ray
 
 from dlc.config.schema import Recipe
 from dlc.engine.control import ChaosLog
-from dlc.engine.placement import same_placement
+from dlc.engine.devices import same_setup
 from dlc.errors import UserError
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.files import HEALTHY_STATES
@@ -210,7 +210,7 @@ class Supervisor:
     def _take_spare(self, index: int) -> Spare | None:
         """The readiest spare (compiled first), taken out of the pool; None if there is none, or if
         learner `index` runs elsewhere than the spares (another device or share: a new process)."""
-        if not self.spares or not same_placement(self.recipe, index, None):
+        if not self.spares or not same_setup(self.recipe, index, None):
             return None
         spare = max(self.spares, key=lambda s: s.ready)
         self.spares.remove(spare)

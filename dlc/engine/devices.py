@@ -1,7 +1,7 @@
-"""Where each process of a run runs: its device, its Ray resources, and the environment it starts with.
+"""Each process's device: the GPU share or CPU it runs on, its Ray resources, the environment it starts with.
 
 Pure decisions from the recipe (no Ray, no JAX here), so they are testable without a cluster or a
-GPU; the driver applies them through `.options(**placement.ray_options())`. Ray sets a process's
+GPU; the driver applies them through `.options(**setup.ray_options())`. Ray sets a process's
 `runtime_env` variables before the process starts, which is the only time JAX reads them:
 
 - A learner with `num_gpus > 0` runs on the GPU Ray assigns it (Ray sets CUDA_VISIBLE_DEVICES) and
@@ -34,7 +34,7 @@ EPS = 1e-6  # Ray keeps resources to 4 decimals: sums like 0.24 x 4 + 0.04 must 
 
 
 @dataclass(frozen=True)
-class Placement:
+class DeviceSetup:
     """One process's Ray resources and the environment variables it starts with."""
 
     num_cpus: float
@@ -74,10 +74,10 @@ def process_env(num_gpus: float, user_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def learner_placement(recipe: Recipe, index: int | None, user_env: Mapping[str, str] | None = None) -> Placement:
-    """Learner `index`'s placement; None: a hot spare (the learners' defaults)."""
+def learner_setup(recipe: Recipe, index: int | None, user_env: Mapping[str, str] | None = None) -> DeviceSetup:
+    """Learner `index`'s device setup; None: a hot spare (the learners' defaults)."""
     settings = recipe.learners.resolved(-1 if index is None else index)
-    return Placement(
+    return DeviceSetup(
         num_cpus=settings.num_cpus,
         num_gpus=settings.num_gpus,
         accelerator_type=settings.accelerator_type if settings.num_gpus > 0 else None,
@@ -85,15 +85,15 @@ def learner_placement(recipe: Recipe, index: int | None, user_env: Mapping[str, 
     )
 
 
-def syncer_placement(recipe: Recipe) -> Placement:
+def syncer_setup(recipe: Recipe) -> DeviceSetup:
     """The syncer merges NumPy arrays: always on CPU."""
-    return Placement(num_cpus=recipe.syncer.num_cpus, env=process_env(0.0, {}))
+    return DeviceSetup(num_cpus=recipe.syncer.num_cpus, env=process_env(0.0, {}))
 
 
-def evaluator_placement(recipe: Recipe, user_env: Mapping[str, str] | None = None) -> Placement:
+def evaluator_setup(recipe: Recipe, user_env: Mapping[str, str] | None = None) -> DeviceSetup:
     """The evaluator reserves no CPU (it runs between the learners' steps), and a GPU share only if asked."""
     gpus = recipe.eval.num_gpus
-    return Placement(num_cpus=0.0, num_gpus=gpus, env=process_env(gpus, os.environ if user_env is None else user_env))
+    return DeviceSetup(num_cpus=0.0, num_gpus=gpus, env=process_env(gpus, os.environ if user_env is None else user_env))
 
 
 def inherited_env(cluster: ClusterConfig) -> Mapping[str, str] | None:
@@ -107,9 +107,9 @@ def isolate_driver(environ: Any = None) -> None:
     (os.environ if environ is None else environ).setdefault("JAX_PLATFORMS", "cpu")
 
 
-def same_placement(recipe: Recipe, a: int | None, b: int | None) -> bool:
+def same_setup(recipe: Recipe, a: int | None, b: int | None) -> bool:
     """Whether learners `a` and `b` (None: a hot spare) run on the same kind of device with the same share."""
-    pa, pb = learner_placement(recipe, a, {}), learner_placement(recipe, b, {})
+    pa, pb = learner_setup(recipe, a, {}), learner_setup(recipe, b, {})
     return (pa.num_cpus, pa.num_gpus, pa.accelerator_type) == (pb.num_cpus, pb.num_gpus, pb.accelerator_type)
 
 
@@ -125,7 +125,7 @@ def gpu_demand(recipe: Recipe) -> dict[str | None, float]:
     learners = recipe.learners
     demand: dict[str | None, float] = {}
     for i in [*range(learners.count), *([None] * learners.spares)]:
-        p = learner_placement(recipe, i, {})
+        p = learner_setup(recipe, i, {})
         demand[p.accelerator_type] = demand.get(p.accelerator_type, 0.0) + p.num_gpus
     demand[None] = demand.get(None, 0.0) + recipe.eval.num_gpus
     return {kind: gpus for kind, gpus in demand.items() if gpus > 0}

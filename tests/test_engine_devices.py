@@ -7,16 +7,16 @@ import pytest
 
 from dlc.config.load import load_recipe
 from dlc.config.schema import ClusterConfig
-from dlc.engine.placement import (
+from dlc.engine.devices import (
     check_resources,
-    evaluator_placement,
+    evaluator_setup,
     gpu_demand,
     inherited_env,
     isolate_driver,
-    learner_placement,
+    learner_setup,
     process_env,
-    same_placement,
-    syncer_placement,
+    same_setup,
+    syncer_setup,
 )
 from dlc.errors import UserError
 from tests.helpers import REPO, TINY
@@ -29,24 +29,24 @@ NO_USER_ENV: dict[str, str] = {}
 def test_cpu_learners_syncer_and_evaluator_never_see_a_gpu():
     recipe = load_recipe(TINY)
     for placement in (
-        learner_placement(recipe, 0, NO_USER_ENV),
-        learner_placement(recipe, None, NO_USER_ENV),  # a hot spare
-        syncer_placement(recipe),
-        evaluator_placement(recipe, NO_USER_ENV),
+        learner_setup(recipe, 0, NO_USER_ENV),
+        learner_setup(recipe, None, NO_USER_ENV),  # a hot spare
+        syncer_setup(recipe),
+        evaluator_setup(recipe, NO_USER_ENV),
     ):
         assert placement.platform == "cpu" and placement.env == {"JAX_PLATFORMS": "cpu"}
         assert "num_gpus" not in placement.ray_options() and "accelerator_type" not in placement.ray_options()
-    assert learner_placement(recipe, 0, NO_USER_ENV).ray_options() == {
+    assert learner_setup(recipe, 0, NO_USER_ENV).ray_options() == {
         "num_cpus": 1.0,
         "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu"}},
     }
-    assert evaluator_placement(recipe, NO_USER_ENV).ray_options()["num_cpus"] == 0.0
+    assert evaluator_setup(recipe, NO_USER_ENV).ray_options()["num_cpus"] == 0.0
 
 
 def test_gpu_recipe_shares_one_gpu_and_its_memory_among_four_learners_and_the_evaluator():
     recipe = load_recipe(GPU)
-    learners = [learner_placement(recipe, i, NO_USER_ENV) for i in range(4)]
-    evaluator = evaluator_placement(recipe, NO_USER_ENV)
+    learners = [learner_setup(recipe, i, NO_USER_ENV) for i in range(4)]
+    evaluator = evaluator_setup(recipe, NO_USER_ENV)
     # 0.24 x 0.9 = 0.216 of the GPU's memory per learner, 0.04 x 0.9 = 0.036 for the evaluator.
     assert all(p.env == {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.216"} for p in learners)
     assert evaluator.env == {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.036"}
@@ -58,7 +58,7 @@ def test_gpu_recipe_shares_one_gpu_and_its_memory_among_four_learners_and_the_ev
         "num_gpus": 0.24,
         "runtime_env": {"env_vars": {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.216"}},
     }
-    assert syncer_placement(recipe).env == {"JAX_PLATFORMS": "cpu"}  # merges NumPy arrays
+    assert syncer_setup(recipe).env == {"JAX_PLATFORMS": "cpu"}  # merges NumPy arrays
     assert gpu_demand(recipe) == {None: pytest.approx(1.0)}
 
 
@@ -78,10 +78,10 @@ def test_memory_settings_made_by_hand_win_on_gpu_processes_only():
 
 def test_mixed_recipe_puts_learner_0_on_the_gpu_and_the_others_on_cpu():
     recipe = load_recipe(MIXED)
-    assert [learner_placement(recipe, i, NO_USER_ENV).platform for i in range(4)] == ["gpu", "cpu", "cpu", "cpu"]
-    assert learner_placement(recipe, 0, NO_USER_ENV).ray_options()["num_gpus"] == 1.0
+    assert [learner_setup(recipe, i, NO_USER_ENV).platform for i in range(4)] == ["gpu", "cpu", "cpu", "cpu"]
+    assert learner_setup(recipe, 0, NO_USER_ENV).ray_options()["num_gpus"] == 1.0
     # A hot spare runs on the learners' defaults (CPU): it may take the slot of 1, 2 or 3, not of 0.
-    assert [same_placement(recipe, i, None) for i in range(4)] == [False, True, True, True]
+    assert [same_setup(recipe, i, None) for i in range(4)] == [False, True, True, True]
     assert gpu_demand(recipe) == {None: 1.0}
 
 
@@ -89,12 +89,12 @@ def test_processes_of_an_embedded_cluster_are_not_told_what_they_inherit():
     recipe = load_recipe(MIXED)
     driver = {"JAX_PLATFORMS": "cpu", "PATH": "/bin"}  # what dlc train's own environment holds
     # No runtime_env: Ray may hand the process a worker it started in advance.
-    assert learner_placement(recipe, 1, NO_USER_ENV).ray_options(driver) == {"num_cpus": 1.0}
-    assert syncer_placement(recipe).ray_options(driver) == {"num_cpus": 1.0}
-    gpu = learner_placement(recipe, 0, NO_USER_ENV).ray_options(driver)
+    assert learner_setup(recipe, 1, NO_USER_ENV).ray_options(driver) == {"num_cpus": 1.0}
+    assert syncer_setup(recipe).ray_options(driver) == {"num_cpus": 1.0}
+    gpu = learner_setup(recipe, 0, NO_USER_ENV).ray_options(driver)
     assert gpu["runtime_env"] == {"env_vars": {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}}
     # dlc train run with JAX_PLATFORMS=cuda by hand: the CPU processes are told otherwise.
-    assert learner_placement(recipe, 1, NO_USER_ENV).ray_options({"JAX_PLATFORMS": "cuda"})["runtime_env"] == {
+    assert learner_setup(recipe, 1, NO_USER_ENV).ray_options({"JAX_PLATFORMS": "cuda"})["runtime_env"] == {
         "env_vars": {"JAX_PLATFORMS": "cpu"}
     }
     # A joined cluster's processes inherit nothing from the driver: every variable is set.
@@ -111,7 +111,7 @@ def test_accelerator_types_pick_gpu_kinds_and_cpu_learners_ignore_them():
             "learners.overrides=[{index: 0, num_gpus: 1}, {index: 1, num_gpus: 0.5, accelerator_type: A100}]",
         ],
     )
-    h100, a100, cpu = (learner_placement(recipe, i, NO_USER_ENV) for i in range(3))
+    h100, a100, cpu = (learner_setup(recipe, i, NO_USER_ENV) for i in range(3))
     assert h100.ray_options()["accelerator_type"] == "H100" and a100.ray_options()["accelerator_type"] == "A100"
     assert cpu.platform == "cpu" and cpu.accelerator_type is None
     assert gpu_demand(recipe) == {"H100": 1.0, "A100": 0.5}

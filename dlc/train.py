@@ -13,27 +13,41 @@ from dlc.run.rundir import RunDir
 
 
 def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
-    """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside."""
+    """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside.
+
+    Everything that can refuse the start (the corpus, the compilation cache, the run directory's
+    checkpoint, the cluster and its room for the recipe) is checked before the run directory is written.
+    """
+    from dlc.engine import cluster, placement
+
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     corpus = load_corpus(recipe.data)
     min_bytes = max(recipe.learners.resolved(i).batch_size for i in range(recipe.learners.count))
     streams = recipe.learners.count + recipe.learners.join_streams
     split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
-    # Refused before the run directory is touched.
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
-    rundir, resume = RunDir.prepare(recipe, fresh)
+    layout = RunDir.check(recipe, fresh)
+    started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved())
+    try:
+        placement.check(recipe, cluster.nodes(), started["driver_node"])
+        rundir = RunDir.open(layout, recipe)
+    except BaseException:
+        cluster.stop_cluster()
+        raise
     rundir.event(
         "run_started",
         run_dir=str(rundir.path),
+        storage=rundir.storage.location,
         corpus_bytes=len(corpus),
         eval_bytes=len(split.eval_bytes),
         learners=recipe.learners.count,
         algorithm=recipe.algorithm,
-        resumed=resume,
+        resumed=layout.resume,
     )
     if cache is not None:
         rundir.event("compile_cache", **cache)
     try:
-        return Driver(recipe, rundir, resume, split, view, chaos_plan).run()
+        return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run()
     finally:
+        cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start
         rundir.close()

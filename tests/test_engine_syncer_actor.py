@@ -12,12 +12,12 @@ from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
-from tests.helpers import TINY
+from tests.helpers import TINY, marked_storage
 
 
 def worker(run_dir):
     recipe = load_recipe(TINY, ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2"])
-    w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir))
+    w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir), marked_storage(run_dir))
     delivered = []
     for i in range(2):
         w.register(i, SimpleNamespace(deliver=Direct(delivered.append)))

@@ -1,8 +1,9 @@
 """The driver's side of chaos: what `dlc chaos` injected and asked for, and what came of it.
 
 `dlc chaos` (in-process or from another terminal) appends injections to chaos.jsonl and requests
-(slow, join, leave, links) to control.jsonl; the supervisor carries the requests out and records
-each fault's observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl.
+(kill, stall, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl; the supervisor
+carries the requests out (signals through the agent on the target's node) and records each fault's
+observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ class ChaosLog:
                 if entry.get("phase") == "injected":
                     self.injected[(str(entry.get("fault")), entry.get("learner"))] = float(entry.get("t", time.time()))
         return self._control.read() or []
+
+    def note_victims(self, fault: str, learners: list[int], t: float) -> None:
+        """A fault the driver carried out on several learners (kill_node): outcomes are recorded for each."""
+        for learner in learners:
+            self.injected[(fault, learner)] = t
+
+    def death_fault(self, learner: int) -> str:
+        """The fault that killed `learner`, as chaos named it: kill_node if its node was killed last, else kill."""
+        kill, node = self.injected.get(("kill", learner)), self.injected.get(("kill_node", learner))
+        return "kill_node" if node is not None and (kill is None or node >= kill) else "kill"
 
     def since(self, fault: str, learner: int | None) -> float | None:
         t = self.injected.get((fault, learner))

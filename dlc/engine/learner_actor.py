@@ -18,15 +18,16 @@ import os
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.engine.cluster import node_info
+from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
-from dlc.run.files import learner_checkpoint_dir
+from dlc.run.storage import RunStorage, describe
 
 SEQ_STRIDE = 10**9
 
@@ -39,13 +40,18 @@ class LearnerWorker:
         recipe_json: dict[str, Any],
         index: int | None,
         stream: np.ndarray | None,
-        run_dir: str,
+        storage: dict[str, str],
         syncer: Any,
         incarnation: int = 0,
         requested_at: float | None = None,
     ) -> None:
         constructed = time.time()
         self.recipe = Recipe.model_validate(recipe_json)
+        # Before anything is written: a node that cannot see the run's storage must not checkpoint
+        # into a directory of the same name of its own (`ready` and `node` report it to the driver).
+        self.node = node_info()
+        self.storage = RunStorage(storage["location"])
+        self.storage_error = self.storage.check(storage["token"], describe(self.node))
         from dlc.core.runtime import CompileLog, compilation_cache_dir, enable_compilation_cache
 
         if self.recipe.run.compile_cache:
@@ -62,7 +68,6 @@ class LearnerWorker:
         self.index = index
         self.incarnation = incarnation
         self.syncer = syncer
-        self.run_dir = run_dir
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
@@ -72,7 +77,7 @@ class LearnerWorker:
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
         # names one push for the whole run, also across syncer restarts.
         self.sync.seq = incarnation * SEQ_STRIDE
-        self.checkpointer = None if index is None else self._checkpointer(index)
+        self.checkpointer = None if index is None or self.storage_error else self._checkpointer(index)
         self.lock = threading.Lock()
         self.events: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
@@ -93,7 +98,13 @@ class LearnerWorker:
         self._compiler.start()
 
     def _checkpointer(self, index: int) -> Checkpointer:
-        return Checkpointer(learner_checkpoint_dir(Path(self.run_dir), index), self.recipe.checkpoint.keep)
+        if self.storage_error:
+            raise UserError(self.storage_error)
+        return Checkpointer(self.storage.learner_dir(index), self.recipe.checkpoint.keep)
+
+    def where(self) -> dict[str, Any]:
+        """Its node, and why it cannot use the run's storage (None when it can)."""
+        return {**self.node, "storage_error": self.storage_error}
 
     def _compile(self) -> None:
         """Compile (or load from the cache) every function the loop runs, before it runs."""
@@ -254,6 +265,9 @@ class LearnerWorker:
             "link_queued": self.transport.queued(),
             "link_blocked_s": round(self.transport.blocked_s(), 3),
             "pid": os.getpid(),
+            "node_id": self.node["node_id"],
+            "node": self.node["ip"],
+            "host": self.node["host"],
         }
 
     @ray.method(concurrency_group="deliveries")  # one thread: messages from the syncer stay in order
@@ -270,7 +284,9 @@ class LearnerWorker:
         self.transport.impair(self.index, factor, seconds)
 
     def ready(self) -> int:
-        """Answers once the actor is constructed; returns its pid."""
+        """Answers once the actor is constructed; returns its pid (UserError: its node cannot see the storage)."""
+        if self.storage_error:
+            raise UserError(self.storage_error)
         return os.getpid()
 
     # -- serving a state copy to a rejoining peer, without pausing ----------------------------

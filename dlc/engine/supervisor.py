@@ -8,6 +8,9 @@ its state at a step boundary), or starts from the syncer's global fragments when
 healthy, and then rejoins the syncer as a new incarnation. Every step of that is an event,
 and the observed outcome of each chaos fault goes to chaos.jsonl.
 
+Chaos's kills, stalls and lost nodes arrive as requests (control.jsonl) and are carried out by the
+agent on the target's node (`dlc.engine.agent`), which signals the process there.
+
 With `learners.spares: N`, N hot spares (learner processes started and compiled, idle, with no
 data) wait beside the learners: a dead learner's slot is taken over by a ready spare, which skips
 the process start and the compilation, and a new spare is started behind it. Their idle time is
@@ -25,7 +28,9 @@ from typing import Any
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.engine.agent import Agents, Signals
 from dlc.engine.control import ChaosLog
+from dlc.errors import UserError
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
@@ -70,6 +75,7 @@ class LearnerSlot:
     poll: Any = None
     recovery: Recovery | None = None
     awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
+    death_fault: str = "kill"  # what chaos called the fault that killed it last: kill or kill_node
     leave_at: float | None = None  # a joined learner retires at this monotonic time
     ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
     waiting_filed: float = 0.0  # of the learner's own waiting_s counter, what the ledger has filed
@@ -85,6 +91,8 @@ class Supervisor:
         make_learner: Any,
         join_streams: list[Any],
         make_spare: Any = None,
+        agents: Agents | None = None,
+        syncer_node: str | None = None,
     ) -> None:
         self.recipe = recipe
         self.rundir = rundir
@@ -100,6 +108,9 @@ class Supervisor:
         self.ledger = Ledger()
         self.failure: str | None = None
         self.chaos = ChaosLog(rundir)
+        self.signals = Signals(rundir, self.chaos, agents or Agents())
+        self.syncer_node = syncer_node  # where the syncer runs: the driver's node
+        self.syncer_pid: int | None = None  # the driver keeps it current
 
     # -- membership ------------------------------------------------------------------------
 
@@ -147,6 +158,7 @@ class Supervisor:
         self._advance_recoveries()
         for request in requests:
             self._carry_out(request)
+        self.signals.check()
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
                 self._carry_out({"op": "leave", "learner": i})
@@ -269,8 +281,9 @@ class Supervisor:
             if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
                 after = time.time() - slot.awaiting_first_push
                 self.rundir.event("learner_recovered", learner=event["learner"], after_s=round(after, 3))
+                fault = slot.death_fault
                 self.chaos.outcome(
-                    "kill", event["learner"], "first_push", after_s=self.chaos.since("kill", event["learner"])
+                    fault, event["learner"], "first_push", after_s=self.chaos.since(fault, event["learner"])
                 )
                 slot.awaiting_first_push = None
             elif event["kind"] == "push_rejected":
@@ -294,7 +307,8 @@ class Supervisor:
         self.rundir.event("learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"))
         self.dead_tokens[i] += slot.view.get("tokens", 0)
         slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
-        self.chaos.outcome("kill", i, "detected", after_s=self.chaos.since("kill", i))
+        fault = slot.death_fault = self.chaos.death_fault(i)
+        self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
         self.syncer.leave.remote(i)
         incarnation = self.restarts[i] + 1
         spare = self._take_spare()
@@ -327,7 +341,9 @@ class Supervisor:
                     slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=rec.died_at)
                     slot.view["phase"] = "starting process"
                     continue
-                self.failure = f"learner {i} could not be restarted: {exc}"
+                cause = getattr(exc, "cause", None)  # a node that cannot see the run's storage says so
+                failed = f"learner {i} could not be restarted: {exc}"
+                self.failure = str(cause) if isinstance(cause, UserError) else failed
                 slot.recovery = None
                 continue
             if rec.phase == "restarting":
@@ -339,7 +355,8 @@ class Supervisor:
                     after_s=round(rec.restarted_at - rec.died_at, 3),
                     spare=rec.spare,
                 )
-                self.chaos.outcome("kill", i, "restarted", after_s=self.chaos.since("kill", i), pid=result)
+                fault = slot.death_fault
+                self.chaos.outcome(fault, i, "restarted", after_s=self.chaos.since(fault, i), pid=result)
                 slot.view = {**slot.view, "pid": result}
                 peer = self._healthy_peer(exclude=i)
                 slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
@@ -352,7 +369,8 @@ class Supervisor:
                 slot.override = "rejoining"
             elif rec.phase == "rejoining":
                 self.rundir.event("learner_rejoined", learner=i, **result)
-                self.chaos.outcome("kill", i, "state_copied", after_s=self.chaos.since("kill", i), **result)
+                fault = slot.death_fault
+                self.chaos.outcome(fault, i, "state_copied", after_s=self.chaos.since(fault, i), **result)
                 ray.get(self.syncer.rejoin.remote(i, rec.actor))
                 rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
                 rec.actor.start.remote(None, None)
@@ -375,7 +393,10 @@ class Supervisor:
     def _carry_out(self, request: dict[str, Any]) -> None:
         op, i = request.get("op"), request.get("learner")
         slot = self.slots.get(i) if i is not None else None
-        if op == "slow" and slot is not None and i in self.live():
+        if op in ("kill", "stall", "kill_node", "kill_syncer"):
+            live = {j: self.slots[j].view for j in self.live()}
+            self.signals.carry_out(request, live, self.syncer_pid, self.syncer_node)
+        elif op == "slow" and slot is not None and i in self.live():
             duration = request.get("duration_s")
             seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
             slot.handle.set_slow.remote(float(request.get("factor") or 2.0), seconds)

@@ -144,8 +144,11 @@ def _flow(items: list[str], width: int, gap: str = "   ") -> list[str]:
 def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
     table = Table(box=None, padding=(0, 1), collapse_padding=narrow, header_style="bold dim", pad_edge=False)
     with_goodput = any(row.get("goodput") is not None for row in snap["learners"])
+    # Which node each learner runs on, once the learners run on more than one.
+    with_node = len({row.get("node") for row in snap["learners"] if row.get("node")}) > 1
     columns = ("id", "state", "step", "tokens", "tok/s", "loss", "last push", "stale", "restarts", "rejected")
-    for name in (*columns, "goodput") if with_goodput else columns:
+    extra = (*(["goodput"] if with_goodput else []), *(["node"] if with_node else []))
+    for name in (*columns, *extra):
         # The state is what a glance looks for: never cut it.
         width = max(len(name), 10) if name == "state" else len(name)
         table.add_column(name, justify="left" if name == "state" else "right", no_wrap=True, min_width=width)
@@ -163,9 +166,10 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
             str(row["restarts"]),
             str(row["rejected"]),
             *(["-" if goodput is None else f"{goodput:.1%}"] if with_goodput else []),
+            *([row.get("node") or "-"] if with_node else []),
         )
     for row in snap.get("spares", []):
-        blank = ["-"] * (len(columns) - 2 + with_goodput)
+        blank = ["-"] * (len(columns) - 2 + len(extra))
         table.add_row(Text(str(row["id"]), style="dim"), _state_cell(row), *blank)
     return table
 

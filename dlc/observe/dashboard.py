@@ -151,7 +151,7 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
     for name in (*columns, *extra):
         # The state is what a glance looks for: never cut it.
         width = max(len(name), 10) if name == "state" else len(name)
-        table.add_column(name, justify="left" if name == "state" else "right", no_wrap=True, min_width=width)
+        table.add_column(name, justify="left" if name in ("state", "node") else "right", no_wrap=True, min_width=width)
     for row in snap["learners"]:
         age, goodput, stale, rate = (row.get(k) for k in ("last_push_age_s", "goodput", "staleness", "tokens_per_s"))
         table.add_row(

@@ -106,8 +106,11 @@ class Signals:
             self._ignore(request, f"learner {i} is not live")
             return
         pid, node = view.get("pid"), view.get("node_id")
-        if pid is None or node is None or request.get("pid") not in (None, pid):
+        if pid is None or request.get("pid") not in (None, pid):
             self._ignore(request, f"learner {i} is not the process chaos saw (pid {pid} now)")
+            return
+        if node is None:
+            self._ignore(request, f"learner {i} has not reported its node yet")
             return
         agent = self.agents.on(node)
         if op == "kill":

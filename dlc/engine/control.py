@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, JsonlTail, append_jsonl
@@ -23,8 +24,10 @@ class ChaosLog:
     def __init__(self, rundir: RunDir) -> None:
         self.rundir = rundir
         self.chaos_path = rundir.path / CHAOS_FILE
-        self._chaos = JsonlTail(self.chaos_path)
-        self._control = JsonlTail(rundir.path / CONTROL_FILE)
+        # From the end: lines a previous run of this directory wrote (before a resume) are not for
+        # this driver, and a kill or a stall carried out twice would be a fault nobody asked for.
+        self._chaos = JsonlTail(self.chaos_path, _size(self.chaos_path))
+        self._control = JsonlTail(rundir.path / CONTROL_FILE, _size(rundir.path / CONTROL_FILE))
         self.injected: dict[tuple[str, int | None], float] = {}
 
     def requests(self) -> list[dict[str, Any]]:
@@ -64,6 +67,13 @@ class ChaosLog:
         }
         append_jsonl(self.chaos_path, entry)
         self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def start_chaos(plan: Any, rundir: RunDir, message: Callable[[str], None]) -> tuple[Any, threading.Event]:

@@ -207,9 +207,9 @@ class Driver:
             recipe, rundir, self.syncer, make_learner, joiners, make_spare, self.agents, driver_node
         )
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
-        where = ray.get([h.where.remote() for h in self.learners.values()])
-        _storage_usable([w["storage_error"] for w in where])
-        for node in {driver_node, *(w["node_id"] for w in where)}:
+        placed = ray.get([h.where.remote() for h in self.learners.values()])
+        _storage_usable([p["storage_error"] for p in placed])
+        for node in {driver_node, *(p["node_id"] for p in placed)}:
             self.agents.on(node)  # started now, so a chaos signal does not wait for a new process
         if self.resume:
             for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
@@ -224,7 +224,7 @@ class Driver:
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
-            rundir.event("learner_started", learner=i, pid=pid, node=where[i]["ip"], node_id=where[i]["node_id"])
+            rundir.event("learner_started", learner=i, pid=pid, node=placed[i]["ip"], node_id=placed[i]["node_id"])
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
         self.supervisor.keep_spares()  # after the learners, which come first for CPUs and compile time
 

@@ -89,6 +89,7 @@ class Signals:
         self.chaos = chaos
         self.agents = agents
         self._calls: list[tuple[Any, dict[str, Any], str]] = []  # (answer ref, request, node id)
+        self._sent = False  # a kill went out since `take_sent` last asked
 
     def carry_out(
         self, request: dict[str, Any], live: dict[int, dict[str, Any]], syncer_pid: int | None, syncer_node: str | None
@@ -100,6 +101,7 @@ class Signals:
                 self._ignore(request, f"the syncer is not the process chaos saw (pid {syncer_pid} now)")
                 return
             self._calls.append((self.agents.on(syncer_node).kill.remote([syncer_pid]), request, syncer_node))
+            self._sent = True
             return
         view = live.get(i) if isinstance(i, int) else None
         if view is None:
@@ -124,6 +126,13 @@ class Signals:
             ref = agent.kill.remote(pids)
             self.rundir.event("node_killed", node_id=node, node=view.get("node"), learners=victims, pids=pids)
         self._calls.append((ref, request, node))
+        self._sent = self._sent or op != "stall"
+
+    def take_sent(self) -> bool:
+        """Whether a kill went out since the last call: its death shows within milliseconds, so the
+        driver looks again soon instead of a whole tick later."""
+        sent, self._sent = self._sent, False
+        return sent
 
     def check(self) -> None:
         """Record the signals the agents could not send."""

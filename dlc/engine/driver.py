@@ -26,6 +26,7 @@ from dlc.run.rundir import RunDir
 
 EXIT_INTERRUPTED = 130
 TICK_S = 0.2
+AFTER_KILL_S = 0.03  # the next tick, after chaos's agent sent a SIGKILL (Ray sees the death in ~15 ms)
 
 
 class StopRequest:
@@ -244,7 +245,7 @@ class Driver:
     def _watch(self, stop: StopRequest) -> None:
         last_status = 0.0
         while not stop.requested and not self.failure:
-            time.sleep(TICK_S)
+            time.sleep(AFTER_KILL_S if self.supervisor.signals.take_sent() else TICK_S)
             self._poll_all()
             if self.supervisor.failure:
                 self.failure = self.supervisor.failure

@@ -151,13 +151,13 @@ class Supervisor:
         """Poll, detect, advance recoveries, fill the ledger. `absorb(i, result)` logs a poll."""
         now = time.monotonic()
         # Chaos lines first: a kill injected and detected within one tick must already be known
-        # as injected when its outcome is recorded.
-        requests = self.chaos.requests()
+        # as injected when its outcome is recorded. Requests are carried out before the polls, so
+        # a signal is on its way while this tick works (the driver's next tick comes early then).
+        for request in self.chaos.requests():
+            self._carry_out(request)
         self._poll(absorb, now)
         self._poll_spares()
         self._advance_recoveries()
-        for request in requests:
-            self._carry_out(request)
         self.signals.check()
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():

@@ -205,7 +205,15 @@ class Driver:
         streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
         joiners = [streams[i] for i in range(recipe.learners.count, len(streams))]
         self.supervisor = Supervisor(
-            recipe, rundir, self.syncer, make_learner, joiners, make_spare, self.agents, driver_node
+            recipe,
+            rundir,
+            self.syncer,
+            make_learner,
+            joiners,
+            make_spare,
+            agents=self.agents,
+            syncer_node=driver_node,
+            feasible=self.placement.feasible,
         )
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         placed = ray.get([h.where.remote() for h in self.learners.values()])

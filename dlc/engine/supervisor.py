@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,7 @@ class Supervisor:
         make_spare: Any = None,
         agents: Agents | None = None,
         syncer_node: str | None = None,
+        feasible: Callable[[int], str | None] | None = None,
     ) -> None:
         self.recipe = recipe
         self.rundir = rundir
@@ -110,6 +112,7 @@ class Supervisor:
         self.chaos = ChaosLog(rundir)
         self.signals = Signals(rundir, self.chaos, agents or Agents())
         self.syncer_node = syncer_node  # where the syncer runs: the driver's node
+        self.feasible = feasible  # (index) -> None, or why no live node can hold that learner now
         self.syncer_pid: int | None = None  # the driver keeps it current
 
     # -- membership ------------------------------------------------------------------------
@@ -312,6 +315,14 @@ class Supervisor:
         self.syncer.leave.remote(i)
         incarnation = self.restarts[i] + 1
         spare = self._take_spare()
+        lost = self.feasible(i) if spare is None and self.feasible is not None else None
+        if lost is not None:
+            # Its node is gone and no other can hold it (pinned by resources or labels): a restart would
+            # wait forever for resources that never come. The run goes on without it.
+            slot.override, slot.view["phase"] = "left", None
+            self.rundir.event("learner_lost", learner=i, reason=lost)
+            self.chaos.outcome(fault, i, "not_restarted", detail=lost)
+            return
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
             slot.recovery = Recovery("restarting", spare.actor, ref, died_at=time.time(), spare=True)

@@ -134,7 +134,7 @@ class Placement:
         return {"num_cpus": self.recipe.syncer.num_cpus, "scheduling_strategy": strategy}
 
     def evaluator(self) -> dict[str, Any]:
-        return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=True)}
+        return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False)}
 
     def learner(self, index: int | None) -> dict[str, Any]:
         """Options besides num_cpus and num_gpus for learner `index` (None: a hot spare)."""

@@ -36,6 +36,8 @@ from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
 
+MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
+
 
 @dataclass
 class Recovery:
@@ -48,6 +50,7 @@ class Recovery:
     restarted_at: float | None = None
     peer: int | None = None
     spare: bool = False  # a hot spare took the slot over
+    attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
 
 
 @dataclass
@@ -317,11 +320,7 @@ class Supervisor:
         spare = self._take_spare()
         lost = self.feasible(i) if spare is None and self.feasible is not None else None
         if lost is not None:
-            # Its node is gone and no other can hold it (pinned by resources or labels): a restart would
-            # wait forever for resources that never come. The run goes on without it.
-            slot.override, slot.view["phase"] = "left", None
-            self.rundir.event("learner_lost", learner=i, reason=lost)
-            self.chaos.outcome(fault, i, "not_restarted", detail=lost)
+            self._retire(i, lost, fault)
             return
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
@@ -334,6 +333,14 @@ class Supervisor:
             slot.recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
         slot.override = "restarting"
         self.restarts[i] += 1
+
+    def _retire(self, i: int, reason: str, fault: str) -> None:
+        """Learner `i` died and no live node can hold it (pinned by resources or labels to a node that is
+        gone): a restart would wait forever for resources that never come. The run goes on without it."""
+        slot = self.slots[i]
+        slot.override, slot.recovery, slot.view["phase"] = "left", None, None
+        self.rundir.event("learner_lost", learner=i, reason=reason)
+        self.chaos.outcome(fault, i, "not_restarted", detail=reason)
 
     def _advance_recoveries(self) -> None:
         for i, slot in self.slots.items():
@@ -353,9 +360,22 @@ class Supervisor:
                     slot.view["phase"] = "starting process"
                     continue
                 cause = getattr(exc, "cause", None)  # a node that cannot see the run's storage says so
-                failed = f"learner {i} could not be restarted: {exc}"
-                self.failure = str(cause) if isinstance(cause, UserError) else failed
-                slot.recovery = None
+                if isinstance(cause, UserError):
+                    self.failure, slot.recovery = str(cause), None
+                    continue
+                # Its new process died before it was ready: its node died under it (Ray marks a lost
+                # node dead seconds after its processes die). Try again where there is room, or retire.
+                lost = self.feasible(i) if self.feasible is not None else None
+                if lost is not None:
+                    self._retire(i, lost, slot.death_fault)
+                elif rec.attempts < MAX_RESTART_ATTEMPTS:
+                    actor = self.make_learner(i, slot.stream, self.restarts[i])
+                    slot.recovery = Recovery(
+                        "restarting", actor, actor.ready.remote(), died_at=rec.died_at, attempts=rec.attempts + 1
+                    )
+                    self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
+                else:
+                    self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
                 continue
             if rec.phase == "restarting":
                 rec.restarted_at = time.time()

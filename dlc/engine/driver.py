@@ -177,8 +177,11 @@ class Driver:
         self.placement = Placement(recipe, driver_node)
         self.agents = Agents()
         self.syncer = SyncerActor.options(**self.placement.syncer()).remote(recipe_json, run_dir, storage)
-        _storage_usable([ray.get(self.syncer.storage_check.remote())])
-        restored = ray.get(self.syncer.restore.remote()) if self.resume else None
+        syncer_storage = self.syncer.storage_check.remote()  # waited for with the learners' (they start meanwhile)
+        restored = None
+        if self.resume:
+            _storage_usable([ray.get(syncer_storage)])
+            restored = ray.get(self.syncer.restore.remote())
         if restored:
             rundir.event("syncer_restored", **restored)
         self.evaluator = EvaluatorActor.options(**self.placement.evaluator()).remote(
@@ -217,7 +220,7 @@ class Driver:
         )
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         placed = ray.get([h.where.remote() for h in self.learners.values()])
-        _storage_usable([p["storage_error"] for p in placed])
+        _storage_usable([ray.get(syncer_storage), *(p["storage_error"] for p in placed)])
         for node in {driver_node, *(p["node_id"] for p in placed)}:
             self.agents.on(node)  # started now, so a chaos signal does not wait for a new process
         if self.resume:

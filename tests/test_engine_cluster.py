@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -65,6 +66,19 @@ def test_a_cluster_address_nobody_listens_on_is_refused_in_seconds(tmp_path: Pat
     result = invoke("train", str(TINY), "cluster.address=127.0.0.1:1", f"run.dir={run_dir}", small)
     assert_user_error(result, "cannot reach the Ray cluster at cluster.address=127.0.0.1:1", "ray start --head")
     assert len(result.stderr.strip().splitlines()) == 1
+    assert not run_dir.exists() and time.monotonic() - began < 30
+
+
+def test_an_address_where_no_ray_cluster_answers_is_refused_in_seconds(tmp_path: Path):
+    # Something listens there, but it is no Ray GCS (Ray's own client would retry for 40 s).
+    run_dir = tmp_path / "run"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        began = time.monotonic()
+        result = invoke("train", str(TINY), f"cluster.address={address}", f"run.dir={run_dir}")
+    assert_user_error(result, f"something listens at cluster.address={address}, but no Ray GCS answers there")
     assert not run_dir.exists() and time.monotonic() - began < 30
 
 

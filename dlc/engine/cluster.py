@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,7 @@ from dlc.config.schema import ClusterConfig
 from dlc.errors import UserError
 
 CONNECT_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = 8.0  # starting the probe's interpreter and Ray's client takes a second or two of it
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 TOKEN_HELP = (
     "set RAY_AUTH_MODE=token and give this driver the cluster's token, as RAY_AUTH_TOKEN, in a file named by "
@@ -205,32 +208,40 @@ def _check_reachable(address: str, where: str) -> None:
 
 
 def _check_token(address: str, where: str) -> None:
-    """One call to the cluster's GCS with this driver's token settings; UserError if it is refused."""
-    from ray._raylet import GcsClient
-    from ray.exceptions import AuthenticationError
+    """One call to the cluster's GCS with this driver's token settings; UserError if it is refused.
 
+    In a process of its own: Ray's client retries for 40 s when what answers is no GCS, and logs
+    every refused attempt; the user gets one line from us instead, in seconds.
+    """
     try:
-        with _quiet_stderr():
-            GcsClient(address=address).internal_kv_get(b"dlc-probe", None, timeout=CONNECT_TIMEOUT_S)
-    except AuthenticationError:
+        probe = subprocess.run(
+            [sys.executable, "-c", _GCS_PROBE, address, str(CONNECT_TIMEOUT_S)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"something listens at {where}, but no Ray GCS answers there within {PROBE_TIMEOUT_S:g} s: give the "
+            "address `ray start --head` printed (the head's --port, 6379 by default)"
+        ) from None
+    if probe.returncode == _AUTH_REFUSED:
         if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
-            raise UserError(f"the Ray cluster at {where} requires token authentication: {TOKEN_HELP}") from None
-        raise UserError(f"the Ray cluster at {where} refused this driver's token: {TOKEN_HELP}") from None
-    except Exception:  # anything else (a GCS still starting): ray.init retries and says what it finds
-        return
+            raise UserError(f"the Ray cluster at {where} requires token authentication: {TOKEN_HELP}")
+        raise UserError(f"the Ray cluster at {where} refused this driver's token: {TOKEN_HELP}")
+    # Anything else (a GCS still starting): ray.init retries and says what it finds.
 
 
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Ray's C++ client logs every refused attempt to fd 2; the user gets one line from us instead."""
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+_AUTH_REFUSED = 3
+_GCS_PROBE = f"""
+import sys
+from ray._raylet import GcsClient
+from ray.exceptions import AuthenticationError
+try:
+    GcsClient(address=sys.argv[1]).internal_kv_get(b"dlc-probe", None, timeout=float(sys.argv[2]))
+except AuthenticationError:
+    sys.exit({_AUTH_REFUSED})
+"""
 
 
 def _first_line(exc: BaseException) -> str:

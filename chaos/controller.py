@@ -59,8 +59,13 @@ class _InFlight:
     fault: Fault
     learner: int | None
     ends_at_s: float | None  # None: until the controller stops
-    seen_down: bool = False  # a kill: its learner was seen unhealthy since
-    pid: int | None = None  # a kill: the process it killed
+    victims: dict[int, int | None] = field(default_factory=dict)  # a kill: learner -> the process it killed
+    down: set[int] = field(default_factory=set)  # a kill: victims seen unhealthy since
+    back: set[int] = field(default_factory=set)  # a kill: victims training again since
+
+    def learners(self) -> set[int]:
+        """The learners this fault occupies: its victims (a lost node's are several), or its one learner."""
+        return set(self.victims) or ({self.learner} if self.learner is not None else set())
 
 
 class Controller:
@@ -160,12 +165,16 @@ class Controller:
             if f.ends_at_s is not None and now >= f.ends_at_s:
                 continue
             state = states.get(f.learner) if f.learner is not None else None
-            if f.fault.kind is FaultKind.KILL:
-                if state is not None and state not in ("training", "slow"):
-                    f.seen_down = True
-                elif f.seen_down or (state is not None and f.pid is not None and pids.get(f.learner) != f.pid):
-                    # Trains again after having been down, or in a new process: recovered (a hot
-                    # spare can be back between two polls, never seen down).
+            if f.fault.kind.is_kill:
+                for j, pid in f.victims.items():
+                    now_state = states.get(j)
+                    if now_state is not None and now_state not in ("training", "slow"):
+                        f.down.add(j)
+                    elif j in f.down or (now_state is not None and pid is not None and pids.get(j) != pid):
+                        # Trains again after having been down, or in a new process: recovered (a hot
+                        # spare can be back between two polls, never seen down).
+                        f.back.add(j)
+                if f.victims and f.back >= set(f.victims):
                     continue
             if f.fault.kind is FaultKind.LEAVE and (state is None or state in GONE_STATES):
                 continue
@@ -182,7 +191,10 @@ class Controller:
         if reason is not None:
             self._record(fault, now, REFUSED, reason)
             return
+        victims = {x.id: x.pid for x in _victims(fault, learners)} if fault.kind.is_kill else {}
         detail = fault.describe() + (f" (pid {pid})" if fault.kind in (FaultKind.KILL, FaultKind.STALL) else "")
+        if fault.kind is FaultKind.KILL_NODE:
+            detail += ": learners " + ", ".join(f"{j} (pid {p})" for j, p in sorted(victims.items()))
         if self.plan.dry_run:
             self._record(fault, now, DRY_RUN, f"would {detail}")
         else:
@@ -193,8 +205,7 @@ class Controller:
                 return
             self._record(fault, now, INJECTED, detail)
         self._last_fired_s = now
-        killed = pid if fault.kind is FaultKind.KILL else None
-        self._in_flight.append(_InFlight(fault, fault.learner, self._ends_at(fault, now), pid=killed))
+        self._in_flight.append(_InFlight(fault, fault.learner, self._ends_at(fault, now), victims=victims))
 
     def _ends_at(self, fault: Fault, now: float) -> float | None:
         if fault.kind.has_duration:
@@ -226,6 +237,9 @@ class Controller:
             case FaultKind.CUT_LINK:
                 assert learner is not None and fault.duration_s is not None
                 t.cut_link(learner, fault.duration_s)
+            case FaultKind.KILL_NODE:
+                assert learner is not None
+                t.kill_node(learner)
 
     def _refusal(self, fault: Fault, now: float, learners: list[LearnerInfo]) -> str | None:
         """Why the fault may not fire now, or None."""
@@ -243,18 +257,21 @@ class Controller:
         if info is None:
             have = ", ".join(str(x.id) for x in learners) or "none"
             return f"the run has no learner {fault.learner} (learners: {have})"
-        busy_here = next((f for f in self._in_flight if f.learner == fault.learner), None)
-        if busy_here is not None:
-            return f"learner {fault.learner} already has a {busy_here.fault.kind.value} in flight"
+        hit = {x.id for x in _victims(fault, learners)}
+        for j in sorted(hit, key=lambda j: (j != fault.learner, j)):  # its own learner first
+            busy_here = next((f for f in self._in_flight if j in f.learners()), None)
+            if busy_here is not None:
+                return f"learner {j} already has a {busy_here.fault.kind.value} in flight"
         if not info.healthy:
             return f"learner {fault.learner} is {info.state}, not training"
         if fault.kind.takes_learner_out and not plan.allow_below_quorum:
-            out = {f.learner for f in self._in_flight if f.fault.kind.takes_learner_out}
+            out = set().union(*(f.learners() for f in self._in_flight if f.fault.kind.takes_learner_out))
             healthy = [x.id for x in learners if x.healthy and x.id not in out]
+            left = len([j for j in healthy if j not in hit])
             quorum = self.target.quorum()
-            if len(healthy) - 1 < quorum:
+            if left < quorum:
                 return (
-                    f"would leave {len(healthy) - 1} healthy learner(s), below quorum {quorum} "
+                    f"would leave {left} healthy learner(s), below quorum {quorum} "
                     "(set allow_below_quorum: true to allow it)"
                 )
         return None
@@ -278,6 +295,16 @@ class Controller:
         self.target.record(entry)
         if self.on_record is not None:
             self.on_record(entry)
+
+
+def _victims(fault: Fault, learners: list[LearnerInfo]) -> list[LearnerInfo]:
+    """The learners a fault takes out: its own, or for kill_node every live learner on that learner's node."""
+    own = next((x for x in learners if x.id == fault.learner), None)
+    if own is None:
+        return []
+    if fault.kind is not FaultKind.KILL_NODE or own.node is None:
+        return [own]
+    return [x for x in learners if x.node == own.node and x.state not in GONE_STATES]
 
 
 def run(plan: Plan, target: Target, **options: Any) -> Report:

@@ -9,12 +9,19 @@ from enum import Enum
 class FaultKind(Enum):
     """A kind of fault. Each member's docstring names the mechanism that injects it."""
 
-    KILL = "kill", "SIGKILL the learner's process; the engine restarts it and copies state from a peer."
-    STALL = "stall", "SIGSTOP the learner's process, then SIGCONT from a detached timer after duration_s."
+    KILL = (
+        "kill",
+        "SIGKILL the learner's process, sent on its node by the run's agent there; the engine restarts it and "
+        "copies state from a peer.",
+    )
+    STALL = (
+        "stall",
+        "SIGSTOP the learner's process, then SIGCONT after duration_s from a detached timer on its node.",
+    )
     SLOW = "slow", "Multiply the learner's step time by factor for duration_s (a control request to the driver)."
     JOIN = "join", "A temporary learner with its own data stream joins for duration_s (a control request)."
     LEAVE = "leave", "The learner retires for good and stops pushing (a control request to the driver)."
-    KILL_SYNCER = "kill_syncer", "SIGKILL the syncer's process; it restarts from its checkpoint."
+    KILL_SYNCER = "kill_syncer", "SIGKILL the syncer's process (on the driver's node); it restarts from its checkpoint."
     DEGRADE_LINK = (
         "degrade_link",
         "Divide the learner's link bandwidth by factor and multiply its latency by factor for duration_s "
@@ -24,6 +31,11 @@ class FaultKind(Enum):
         "cut_link",
         "Cut the learner's link for duration_s: messages queue and go out when it returns "
         "(a control request to the driver).",
+    )
+    KILL_NODE = (
+        "kill_node",
+        "SIGKILL every learner process on the named learner's node at once (a lost node); the engine restarts "
+        "them and they copy state from healthy peers.",
     )
 
     def __new__(cls, value: str, mechanism: str) -> FaultKind:
@@ -42,7 +54,13 @@ class FaultKind(Enum):
             FaultKind.LEAVE,
             FaultKind.DEGRADE_LINK,
             FaultKind.CUT_LINK,
+            FaultKind.KILL_NODE,
         )
+
+    @property
+    def rate_per_learner(self) -> bool:
+        """Whether its Poisson rate is per learner (kill_node's is per run: it names a node by a learner on it)."""
+        return self.needs_learner and self is not FaultKind.KILL_NODE
 
     @property
     def has_duration(self) -> bool:
@@ -55,7 +73,12 @@ class FaultKind(Enum):
 
         A degraded or cut link does not: the learner keeps training and its pushes arrive late.
         """
-        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.LEAVE)
+        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.LEAVE, FaultKind.KILL_NODE)
+
+    @property
+    def is_kill(self) -> bool:
+        """Whether it kills learner processes, which are in flight until they train again in new ones."""
+        return self in (FaultKind.KILL, FaultKind.KILL_NODE)
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,8 @@ class Fault:
             return "syncer"
         if self.kind is FaultKind.JOIN:
             return "new learner"
+        if self.kind is FaultKind.KILL_NODE:
+            return f"node of learner {self.learner}"
         return f"learner {self.learner}"
 
     def describe(self) -> str:
@@ -96,6 +121,8 @@ class Fault:
                 return f"a temporary learner joins {lasting}"
             case FaultKind.LEAVE:
                 return "retires for good"
+            case FaultKind.KILL_NODE:
+                return "SIGKILL every learner on its node"
             case FaultKind.KILL_SYNCER:
                 return "SIGKILL the syncer"
             case FaultKind.DEGRADE_LINK:

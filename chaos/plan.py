@@ -30,6 +30,7 @@ _ALIASES = {
     "kill_syncer_rate": "kill_syncer_per_min",
     "degrade_link_rate": "degrade_link_per_learner_per_min",
     "cut_link_rate": "cut_link_per_learner_per_min",
+    "kill_node_rate": "kill_node_per_min",
     "link_factor": "degrade_link_factor",
     "stall_for": "stall_for_s",
     "slow_for": "slow_for_s",
@@ -52,12 +53,14 @@ class TimelineEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     at_s: float = Field(..., ge=0, description="When to inject it, in seconds after the chaos clock starts.")
-    fault: FaultKind = Field(..., description="kill, stall, slow, join, leave, kill_syncer, degrade_link or cut_link.")
+    fault: FaultKind = Field(
+        ..., description="kill, stall, slow, join, leave, kill_syncer, degrade_link, cut_link or kill_node."
+    )
     learner: int | None = Field(
         None,
         ge=0,
         description="Which learner (0-based); required for kill, stall, slow, leave, degrade_link and cut_link, "
-        "absent otherwise.",
+        "and for kill_node (every learner on that learner's node), absent otherwise.",
     )
     duration_s: float | None = Field(
         None,
@@ -175,6 +178,12 @@ class Plan(BaseModel):
     cut_link_for_s: float = Field(
         10.0, gt=0, description="How long a link cut lasts; messages queue meanwhile and go out when it ends."
     )
+    kill_node_per_min: float = Field(
+        0.0,
+        ge=0,
+        description="Poisson rate of lost nodes (every learner on one node killed at once), per minute for the "
+        "whole run; each names the node of a learner drawn at random.",
+    )
     timeline: list[TimelineEntry] = Field(
         default_factory=list, description="Faults at fixed times, each like {at_s: 30, fault: kill, learner: 2}."
     )
@@ -204,6 +213,7 @@ class Plan(BaseModel):
             FaultKind.KILL_SYNCER: self.kill_syncer_per_min,
             FaultKind.DEGRADE_LINK: self.degrade_link_per_learner_per_min,
             FaultKind.CUT_LINK: self.cut_link_per_learner_per_min,
+            FaultKind.KILL_NODE: self.kill_node_per_min,
         }[kind]
 
     def default_duration_s(self, kind: FaultKind) -> float | None:
@@ -244,7 +254,7 @@ class Plan(BaseModel):
         for kind in FaultKind:
             rate = self.rate_per_min(kind)
             if rate:
-                per = "/learner/min" if kind.needs_learner else "/min"
+                per = "/learner/min" if kind.rate_per_learner else "/min"
                 extra = {
                     FaultKind.STALL: f" for {self.stall_for_s:g} s",
                     FaultKind.SLOW: f" x{self.slow_factor:g} for {self.slow_for_s:g} s",

@@ -31,9 +31,11 @@ def schedule(plan: Plan, learner_ids: Sequence[int], rng: random.Random) -> Iter
         rate = plan.rate_per_min(kind)
         if rate <= 0:
             continue
-        for learner in sorted(learner_ids) if kind.needs_learner else [None]:
+        for learner in sorted(learner_ids) if kind.rate_per_learner else [None]:
             stream_rng = random.Random(f"{base}/{kind.value}/{learner}")
-            streams.append(_poisson(plan, kind, learner, rate / 60.0, stream_rng))
+            # A lost node is named by a learner on it, drawn for each arrival from the stream's own generator.
+            draw = sorted(learner_ids) if kind.needs_learner and learner is None else None
+            streams.append(_poisson(plan, kind, learner, rate / 60.0, stream_rng, draw))
     merged = heapq.merge(*streams, key=lambda f: (f.at_s, _ORDER[f.kind], -1 if f.learner is None else f.learner))
     if plan.duration_s is None:
         return merged
@@ -42,9 +44,17 @@ def schedule(plan: Plan, learner_ids: Sequence[int], rng: random.Random) -> Iter
 
 
 def _poisson(
-    plan: Plan, kind: FaultKind, learner: int | None, rate_per_s: float, rng: random.Random
+    plan: Plan,
+    kind: FaultKind,
+    learner: int | None,
+    rate_per_s: float,
+    rng: random.Random,
+    draw: Sequence[int] | None = None,
 ) -> Iterator[Fault]:
-    """Arrivals of one Poisson stream: exponential gaps with mean 1/rate, from the end of the warm-up."""
+    """Arrivals of one Poisson stream: exponential gaps with mean 1/rate, from the end of the warm-up.
+
+    With `draw`, each arrival targets a learner drawn uniformly from it (a run-wide rate).
+    """
     duration = plan.default_duration_s(kind)
     factor = plan.default_factor(kind)
     t = plan.warmup_s
@@ -52,7 +62,8 @@ def _poisson(
         t += rng.expovariate(rate_per_s)
         if plan.duration_s is not None and t > plan.duration_s:
             return
-        yield Fault(round(t, 3), kind, learner, duration, factor, origin="poisson")
+        target = rng.choice(draw) if draw else learner
+        yield Fault(round(t, 3), kind, target, duration, factor, origin="poisson")
 
 
 def faults_until(plan: Plan, learner_ids: Sequence[int], rng: random.Random, horizon_s: float) -> list[Fault]:

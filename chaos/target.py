@@ -1,8 +1,10 @@
 """What chaos acts on: the `Target` interface, signals by pid, and a live run reached through its directory.
 
 The controller only knows `Target`. `RunDirTarget` is the one a separate `dlc chaos` process uses: it
-reads `status.json`, signals processes by pid, and asks the driver for the rest (slow, join, leave,
-degrade_link, cut_link) by appending to `control.jsonl`, which the driver tails.
+reads `status.json` and asks the driver for every fault by appending to `control.jsonl`, which the
+driver tails (every 0.2 s). A process id means something only on its own machine, so kills and stalls
+too are requests: the driver has the agent on the learner's node send the signal there
+(`dlc.engine.agent`, which uses `ProcessSignals`), and a plan works the same on one machine and many.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class LearnerInfo:
     id: int
     pid: int | None
     state: str
+    node: str | None = None  # the Ray node id it runs on (kill_node takes every learner on one)
 
     @property
     def healthy(self) -> bool:
@@ -60,6 +63,7 @@ class Target(Protocol):
     def join(self, seconds: float | None = None) -> None: ...  # None: stays until the run ends
     def leave(self, learner: int) -> None: ...
     def kill_syncer(self) -> None: ...
+    def kill_node(self, learner: int) -> None: ...  # every learner on `learner`'s node
     def degrade_link(self, learner: int, factor: float, seconds: float) -> None: ...  # bandwidth / factor, latency x
     def cut_link(self, learner: int, seconds: float) -> None: ...
     def record(self, entry: dict[str, Any]) -> None: ...  # one chaos.jsonl line
@@ -136,18 +140,10 @@ class RunDirTarget:
     A status.json older than ``stale_after_s`` means the driver is gone: the run counts as not running.
     """
 
-    def __init__(
-        self,
-        run_dir: Path,
-        signals: ProcessSignals | None = None,
-        stale_after_s: float = 30.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, run_dir: Path, stale_after_s: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         self.run_dir = Path(run_dir)
-        self.signals = signals or ProcessSignals()
         self.stale_after_s = stale_after_s
         self.clock = clock
-        self.timers: list[subprocess.Popen[bytes]] = []
         self._last_status: dict[str, Any] = {}
 
     def status(self) -> dict[str, Any]:
@@ -167,8 +163,15 @@ class RunDirTarget:
         out = []
         for row in self.status().get("learners") or []:
             try:
-                pid = row.get("pid")
-                out.append(LearnerInfo(int(row["id"]), pid if isinstance(pid, int) else None, str(row["state"])))
+                pid, node = row.get("pid"), row.get("node_id")
+                out.append(
+                    LearnerInfo(
+                        int(row["id"]),
+                        pid if isinstance(pid, int) else None,
+                        str(row["state"]),
+                        node if isinstance(node, str) else None,
+                    )
+                )
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
         return out
@@ -191,10 +194,16 @@ class RunDirTarget:
         return status.get("state") == "running" and fresh
 
     def kill(self, learner: int) -> None:
-        self.signals.kill(self._pid_of(learner))
+        # The pid tells the driver which process chaos saw: one that was replaced since is not killed.
+        self._request("kill", learner=learner, pid=self._info(learner, "pid").pid)
 
     def stall(self, learner: int, seconds: float) -> None:
-        self.timers.append(self.signals.stall(self._pid_of(learner), seconds))
+        if not seconds > 0:
+            raise ValueError(f"a stall needs a positive duration, got {seconds!r}")
+        self._request("stall", learner=learner, duration_s=seconds, pid=self._info(learner, "pid").pid)
+
+    def kill_node(self, learner: int) -> None:
+        self._request("kill_node", learner=learner, node=self._info(learner, "node").node)
 
     def slow(self, learner: int, factor: float, seconds: float | None) -> None:
         self._request("slow", learner=learner, factor=factor, duration_s=seconds)
@@ -216,17 +225,18 @@ class RunDirTarget:
         pid = syncer.get("pid") if isinstance(syncer, dict) else None
         if not isinstance(pid, int):
             raise TargetError("status.json does not give the syncer's pid (syncer.pid)")
-        self.signals.kill(pid)
+        self._request("kill_syncer", learner=None, pid=pid)
 
     def record(self, entry: dict[str, Any]) -> None:
         append_jsonl(self.run_dir / CHAOS_FILE, {"t": round(self.clock(), 3), **entry})
 
-    def _pid_of(self, learner: int) -> int:
+    def _info(self, learner: int, needed: str) -> LearnerInfo:
+        """Learner `learner` as status.json gives it, with its `needed` field (pid or node) known."""
         for info in self.learners():
             if info.id == learner:
-                if info.pid is None:
-                    raise TargetError(f"status.json gives no pid for learner {learner}")
-                return info.pid
+                if getattr(info, needed) is None:
+                    raise TargetError(f"status.json gives no {needed} for learner {learner}")
+                return info
         raise TargetError(f"status.json has no learner {learner}")
 
     def _request(self, op: str, **fields: Any) -> None:

@@ -16,32 +16,49 @@ from dlc.run.rundir import RunDir
 
 
 def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
-    """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside."""
-    # Everything that can be refused is refused first, before anything is allocated or written.
-    check_fits(recipe)
+    """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside.
+
+    Everything that can refuse the start (the memory it needs, the corpus, the compilation cache, the
+    run directory and its checkpoints and journal, the cluster and its room for the recipe) is checked
+    before the run directory is written.
+    """
+    from dlc.engine import cluster, devices, placement
+
+    check_fits(recipe)  # before anything is allocated
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     corpus = load_corpus(recipe.data)
     min_bytes = max(recipe.learners.resolved(i).batch_size for i in range(recipe.learners.count))
     streams = recipe.learners.count + recipe.learners.join_streams
     split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
-    rundir, resume = RunDir.prepare(recipe, fresh)
-    if resume:  # a damaged journal is found here, not by a syncer that has already started
+    layout = RunDir.check(recipe, fresh)
+    if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
         plan = fragment_plan(recipe)
-        check_journal(syncer_journal_path(rundir.path), [plan.size(p) for p in range(plan.num_fragments)])
-    # Held in memory until every actor has started: written only if the run really starts.
+        check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
+    started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved())
+    try:
+        # Ray would leave an actor asking for what no node has pending forever: refuse it now.
+        devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
+        placement.check(recipe, cluster.nodes(), started["driver_node"])
+        # Events are held in memory until every actor has started: written only if the run really starts.
+        rundir = RunDir.create(layout, recipe)
+    except BaseException:
+        cluster.stop_cluster()
+        raise
     rundir.event(
         "run_started",
         run_dir=str(rundir.path),
+        storage=rundir.storage.location,
         corpus_bytes=len(corpus),
         eval_bytes=len(split.eval_bytes),
         learners=recipe.learners.count,
         algorithm=recipe.algorithm,
-        resumed=resume,
+        resumed=layout.resume,
     )
     if cache is not None:
         rundir.event("compile_cache", **cache)
     try:
-        return Driver(recipe, rundir, resume, split, view, chaos_plan).run()
+        return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run()
     finally:
+        cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start
         rundir.close()

@@ -166,7 +166,7 @@ def cells(text: str, learner: int) -> dict[str, str]:
 
 # -- chaos: fault kinds, a fake target, plans without guardrails, a run directory's status ------------
 
-K, ST, SL, J, L, KS, DL, CL = (
+K, ST, SL, J, L, KS, DL, CL, KN = (
     FaultKind.KILL,
     FaultKind.STALL,
     FaultKind.SLOW,
@@ -175,6 +175,7 @@ K, ST, SL, J, L, KS, DL, CL = (
     FaultKind.KILL_SYNCER,
     FaultKind.DEGRADE_LINK,
     FaultKind.CUT_LINK,
+    FaultKind.KILL_NODE,
 )
 
 
@@ -195,6 +196,7 @@ class FakeTarget:
         self.states = {i: "training" for i in range(learners)}
         self.script: list[tuple[float, int, str]] = []
         self.pids = {i: 1000 + i for i in range(learners)}
+        self.nodes: dict[int, str | None] = {i: None for i in range(learners)}  # Ray node ids, when a test sets them
         self.pid_script: list[tuple[float, int, int]] = []  # (at_s, learner, its new process id)
         self.quorum_value = quorum
         self.running_until = math.inf
@@ -210,7 +212,7 @@ class FakeTarget:
         for at, learner, pid in self.pid_script:
             if at <= self.clock.now:
                 self.pids[learner] = pid
-        return [LearnerInfo(i, self.pids[i], s) for i, s in sorted(self.states.items())]
+        return [LearnerInfo(i, self.pids[i], s, self.nodes.get(i)) for i, s in sorted(self.states.items())]
 
     def quorum(self) -> int:
         return self.quorum_value
@@ -237,6 +239,9 @@ class FakeTarget:
 
     def kill_syncer(self) -> None:
         self.calls.append(("kill_syncer",))
+
+    def kill_node(self, learner: int) -> None:
+        self.calls.append(("kill_node", learner))
 
     def degrade_link(self, learner: int, factor: float, seconds: float) -> None:
         self.calls.append(("degrade_link", learner, factor, seconds))
@@ -273,6 +278,14 @@ def write_status(run: Path, learner_pids: dict[int, int], syncer_pid: int | None
     tmp = run / ".status.json.tmp"
     tmp.write_text(json.dumps(status))
     os.replace(tmp, run / "status.json")
+
+
+def marked_storage(run_dir: Path) -> dict[str, str]:
+    """What the driver hands its actors about the run's storage, for a worker driven in-process: the
+    directory, and the token of a start whose marker it holds."""
+    from dlc.run.storage import RunStorage
+
+    return {"location": str(run_dir), "token": RunStorage(str(run_dir)).mark()}
 
 
 def twin_recipe(learners=2, **syncer) -> Recipe:

@@ -25,8 +25,8 @@ import pytest
 
 from dlc.config.load import dump_recipe, load_recipe
 from dlc.errors import UserError
-from dlc.run.files import learner_checkpoint_dir, syncer_journal_path
-from tests.helpers import REPO, TINY, assert_user_error, invoke, snapshot
+from dlc.run.files import CHECKPOINT_DIR, syncer_journal_path
+from tests.helpers import REPO, TINY, assert_user_error, invoke, marked_storage, snapshot
 
 GIB = 2**30
 
@@ -89,7 +89,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path
     (run / "tensorboard").mkdir()
     (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"\x00" * 16)
 
-    worker = SyncerWorker(recipe.model_dump(mode="json"), str(run))
+    worker = SyncerWorker(recipe.model_dump(mode="json"), str(run), marked_storage(run))
     for i in range(2):
         worker.register(i, SimpleNamespace(deliver=Direct(lambda message: None)))
 
@@ -141,6 +141,10 @@ def replace_with_file(path: Path) -> None:
 def replace_with_dir(path: Path) -> None:
     path.unlink()
     path.mkdir()
+
+
+def learner_checkpoint_dir(run: Path, index: int) -> Path:
+    return run / CHECKPOINT_DIR / f"learner-{index}"
 
 
 def journal(run: Path) -> Path:
@@ -348,8 +352,13 @@ def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_start
     before = snapshot(run_copy)
     old, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, run_copy)), fresh=False)
     old.event("run_started")
-    assert resume and snapshot(run_copy) == before  # held until the engine has started
-    old.open()
+    # Held until the engine has started; only the storage's marker is new (learners check they see it),
+    # and a refused start puts it back.
+    changed = {k for k in snapshot(run_copy).keys() | before.keys() if snapshot(run_copy).get(k) != before.get(k)}
+    assert resume and changed == {"storage.json"}
+    old.abandon()
+    assert snapshot(run_copy) == before
+    old.begin()
     assert (run_copy / "events.jsonl").read_text().splitlines()[-1].startswith('{"t"')
     assert '"kind": "run_started"' in (run_copy / "events.jsonl").read_text().splitlines()[-1]
     old.close()
@@ -369,6 +378,7 @@ def test_fresh_clears_everything_an_earlier_run_wrote(run_copy, corpus):
         "keep-me.txt",
         "metrics.jsonl",
         "recipe.yaml",
+        "storage.json",  # the new start's marker
     ]
     assert (run_copy / "events.jsonl").read_text() == ""
 
@@ -382,7 +392,10 @@ def test_a_resume_refused_while_the_engine_starts_writes_nothing(run_copy, corpu
     def unreadable(self: Driver) -> None:
         raise UserError("checkpoint learner-0/6 is unreadable (ValueError: garbage): pass --fresh to start over")
 
-    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", lambda cfg, cpus: {"address": "embedded", "nodes": []})
+    node = {"node_id": "n0", "ip": "127.0.0.1", "host": "h", "head": True, "resources": {"CPU": 64.0}, "labels": {}}
+    started = {"address": "embedded", "nodes": [node], "driver_node": "n0"}
+    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", lambda cfg, cpus: started)
+    monkeypatch.setattr(dlc.engine.cluster, "nodes", lambda: [node])
     monkeypatch.setattr(dlc.engine.cluster, "stop_cluster", lambda: None)
     monkeypatch.setattr(Driver, "_launch", unreadable)
     before = snapshot(run_copy)
@@ -431,7 +444,7 @@ def test_the_restarted_syncer_refuses_a_record_that_does_not_fit(finished_run, t
     run = Path(shutil.copytree(finished_run, tmp_path / "run"))
     rewrite_record(run, fragment=99)
     recipe = load_recipe(run / "recipe.yaml")
-    worker = SyncerWorker(recipe.model_dump(mode="json"), str(run))
+    worker = SyncerWorker(recipe.model_dump(mode="json"), str(run), marked_storage(run))
     try:
         with pytest.raises(UserError, match="this run has 24 fragments"):
             worker.restore()

@@ -13,7 +13,7 @@ from collections import Counter
 
 from chaos.controller import Controller
 from chaos.schedule import faults_until
-from tests.helpers import CL, DL, KS, SL, ST, FakeTarget, J, K, SleepingClock, bare_plan, run_plan
+from tests.helpers import CL, DL, KN, KS, SL, ST, FakeTarget, J, K, SleepingClock, bare_plan, run_plan
 
 
 def _phases(target: FakeTarget) -> list[tuple[str, int | None, str]]:
@@ -282,3 +282,42 @@ class _RealClock:
     @property
     def now(self) -> float:
         return time.monotonic()
+
+
+def test_kill_node_takes_every_learner_on_the_node_and_is_in_flight_until_all_are_back():
+    clock = SleepingClock()
+    target = FakeTarget(clock, learners=4, quorum=2)
+    target.nodes = {0: "node-a", 1: "node-b", 2: "node-a", 3: "node-b"}
+    # Learners 0 and 2 (node a) die at 2; 0 is back at 6, 2 only at 9.
+    target.script = [(2, 0, "dead"), (2, 2, "dead"), (6, 0, "training"), (9, 2, "training")]
+    timeline = [
+        {"at_s": 1, "fault": "kill_node", "learner": 2},  # 4 healthy -> 2 = quorum: allowed
+        {"at_s": 7, "fault": "stall", "learner": 0},  # 0 is back, but its node's loss is in flight (2 is not)
+        {"at_s": 10, "fault": "kill", "learner": 0},  # both back: fired
+    ]
+    controller = run_plan(bare_plan(max_concurrent=5, timeline=timeline, duration_s=20), target, clock)
+    assert target.calls == [("kill_node", 2), ("kill", 0)]
+    assert controller.report.fired == Counter({KN: 1, K: 1}) and controller.report.refused == Counter({ST: 1})
+    injected = next(r for r in target.records if r["fault"] == "kill_node")
+    assert injected["target"] == "node of learner 2"
+    assert injected["detail"] == "SIGKILL every learner on its node: learners 0 (pid 1000), 2 (pid 1002)"
+    refused = next(r for r in target.records if r["phase"] == "refused")
+    assert refused["detail"] == "learner 0 already has a kill_node in flight"
+
+    # The quorum guardrail counts every learner the lost node takes: 4 healthy, quorum 3, 2 on the node.
+    clock = SleepingClock()
+    target = FakeTarget(clock, learners=4, quorum=3)
+    target.nodes = {0: "node-a", 1: "node-b", 2: "node-a", 3: "node-b"}
+    plan = bare_plan(timeline=[{"at_s": 1, "fault": "kill_node", "learner": 0}], duration_s=5)
+    controller = run_plan(plan, target, clock)
+    assert target.calls == [] and "would leave 2 healthy learner(s), below quorum 3" in target.records[0]["detail"]
+
+
+def test_kill_node_poisson_rate_is_per_run_and_draws_its_learner():
+    plan = bare_plan(kill_node_per_min=6, duration_s=120)
+    faults = faults_until(plan, [0, 1, 2, 3], random.Random(0), horizon_s=120)
+    assert faults and all(f.kind is KN for f in faults)
+    # About 6 a minute for the run, whatever the number of learners: 12 expected in 120 s.
+    assert 4 <= len(faults) <= 24 and len({f.learner for f in faults}) > 1
+    assert faults == faults_until(plan, [0, 1, 2, 3], random.Random(0), horizon_s=120)  # seeded
+    assert "kill_node 6/min" in plan.summary()

@@ -84,32 +84,37 @@ def test_stall_timer_resumes_the_victim_after_the_controller_dies(spawn, stray_p
     assert victim.poll() is None
 
 
-def test_run_dir_target_acts_through_the_run_directory(tmp_path: Path, spawn):
-    a, b, syncer = spawn(["sleep", "30"]), spawn(["sleep", "30"]), spawn(["sleep", "30"])
-    write_status(tmp_path, {0: a.pid, 1: b.pid}, syncer.pid)
+def test_run_dir_target_asks_the_driver_for_every_fault(tmp_path: Path):
+    # A pid means something only on its node: kills and stalls are requests too, carried out by the
+    # agent on the learner's node, and they name the process chaos saw (a replaced one is spared).
+    write_status(tmp_path, {0: 4100, 1: 4101}, 4200)
+    status = json.loads((tmp_path / "status.json").read_text())
+    status["learners"][0]["node_id"] = "n-a"
+    (tmp_path / "status.json").write_text(json.dumps(status))
     target = RunDirTarget(tmp_path)
-    assert target.learners() == [LearnerInfo(0, a.pid, "training"), LearnerInfo(1, b.pid, "training")]
+    assert target.learners() == [LearnerInfo(0, 4100, "training", "n-a"), LearnerInfo(1, 4101, "training")]
     assert target.quorum() == 2 and target.running()
 
     target.stall(1, 0.5)
-    assert _wait_for(lambda: _state(b.pid) == "T", 1.0)
-    assert _wait_for(lambda: _state(b.pid) != "T", 3.0)
     target.kill(0)
-    assert a.wait(timeout=5) == -signal.SIGKILL
+    target.kill_node(0)
     target.kill_syncer()
-    assert syncer.wait(timeout=5) == -signal.SIGKILL
-    assert b.poll() is None
     with pytest.raises(TargetError, match="no learner 7"):
         target.kill(7)
-
+    with pytest.raises(TargetError, match="no node for learner 1"):
+        target.kill_node(1)
     target.slow(1, 2.5, 20.0)
     target.join(60.0)
     target.leave(1)
     lines, offset = read_lines_after(tmp_path / CONTROL_FILE, 0)
-    assert [(x["op"], x["learner"], x["factor"], x["duration_s"]) for x in lines] == [
-        ("slow", 1, 2.5, 20.0),
-        ("join", None, None, 60.0),
-        ("leave", 1, None, None),
+    assert [{k: v for k, v in x.items() if k != "t"} for x in lines] == [
+        {"op": "stall", "learner": 1, "duration_s": 0.5, "pid": 4101},
+        {"op": "kill", "learner": 0, "pid": 4100},
+        {"op": "kill_node", "learner": 0, "node": "n-a"},
+        {"op": "kill_syncer", "learner": None, "pid": 4200},
+        {"op": "slow", "learner": 1, "factor": 2.5, "duration_s": 20.0},
+        {"op": "join", "learner": None, "factor": None, "duration_s": 60.0},
+        {"op": "leave", "learner": 1, "factor": None, "duration_s": None},
     ]
     assert all(abs(x["t"] - time.time()) < 60 for x in lines)
     assert read_lines_after(tmp_path / CONTROL_FILE, offset) == ([], offset)
@@ -118,6 +123,23 @@ def test_run_dir_target_acts_through_the_run_directory(tmp_path: Path, spawn):
     target.record({"fault": "stall", "phase": "refused", "t": 5.0})
     recorded = [json.loads(x) for x in (tmp_path / CHAOS_FILE).read_text().splitlines()]
     assert recorded[0]["fault"] == "kill" and recorded[0]["t"] > 1e9 and recorded[1]["t"] == 5.0
+
+
+def test_node_agent_signals_processes_of_its_node(spawn, stray_pids):
+    # What the agent on a learner's node does for the driver: SIGKILL (several at once for a lost
+    # node), SIGSTOP with the SIGCONT timer started on its node, and a gone process reported, not raised.
+    from dlc.engine.agent import NodeAgentWorker
+
+    a, b, c = spawn(["sleep", "30"]), spawn(["sleep", "30"]), spawn(["sleep", "30"])
+    agent = NodeAgentWorker()
+    assert agent.stall(c.pid, 0.5) is None
+    assert _wait_for(lambda: _state(c.pid) == "T", 1.0)
+    assert _wait_for(lambda: _state(c.pid) != "T", 3.0), "the timer did not resume it"
+    assert agent.kill([a.pid, b.pid]) == []
+    assert a.wait(timeout=5) == -signal.SIGKILL and b.wait(timeout=5) == -signal.SIGKILL
+    assert agent.kill([a.pid]) == [f"process {a.pid} is gone"]
+    assert "is gone" in (agent.stall(a.pid, 1.0) or "")
+    assert agent.kill([1]) == ["1 is not a process id this tool will signal"] and c.poll() is None
 
 
 def test_run_dir_target_asks_the_driver_to_degrade_or_cut_a_link(tmp_path: Path):

@@ -15,20 +15,21 @@ from dlc.core.data import ByteStream
 from dlc.engine.learner_actor import LearnerWorker
 from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
-from tests.helpers import TINY
+from tests.helpers import TINY, marked_storage
 
 
 def test_a_learner_with_no_peer_to_copy_starts_from_the_global_fragments(tmp_path):
     recipe = load_recipe(TINY, ["learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
     recipe_json = recipe.model_dump(mode="json")
-    syncer = SyncerWorker(recipe_json, str(tmp_path))
+    storage = marked_storage(tmp_path)
+    syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
     syncer.register(0, SimpleNamespace(deliver=Direct(lambda message: None)))
     delta = np.full(syncer.syncer.plan.size(0), 1e-2, np.float32)
     syncer.syncer.open_round(0)  # fragment 0's round comes up; K = 1: the push closes it
     syncer.push(Push(0, 0, 0, 4, 400, 0, get_codec("none").encode(delta), sent_at=0.0))  # fragment 0 -> v1
 
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
-    learner = LearnerWorker(recipe_json, 1, stream, str(tmp_path), SimpleNamespace(push=Direct(lambda push: None)))
+    learner = LearnerWorker(recipe_json, 1, stream, storage, SimpleNamespace(push=Direct(lambda push: None)))
     # The supervisor passes the syncer's answer on as it comes: one (fragments, versions) value,
     # and where the learner's previous process had got to in its stream.
     where = learner.import_global(syncer.global_fragments(), 17)
@@ -47,14 +48,15 @@ def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(t
     recipe_json = recipe.model_dump(mode="json")
     no_syncer = SimpleNamespace(push=Direct(lambda push: None))
     streams = [np.random.default_rng(i).integers(0, 256, 200_000, dtype=np.uint8) for i in range(2)]
-    peer = LearnerWorker(recipe_json, 0, streams[0], str(tmp_path), no_syncer)
+    storage = marked_storage(tmp_path)
+    peer = LearnerWorker(recipe_json, 0, streams[0], storage, no_syncer)
     for _ in range(5):
         peer.learner.train_step()
     state = peer.export_state()  # not training: copied directly
     assert state["meta"]["step"] == state["meta"]["data_position"] == 5
 
     # Learner 1's previous process had read 3 batches of its own stream when it died.
-    rejoined = LearnerWorker(recipe_json, 1, streams[1], str(tmp_path), no_syncer, incarnation=1)
+    rejoined = LearnerWorker(recipe_json, 1, streams[1], storage, no_syncer, incarnation=1)
     where = rejoined.import_state(state, 3)
     assert where == {**where, "peer": 0, "step": 5, "data_position": 3}  # the peer's step, its own position
     # Its next batch is the fourth of its own stream: nothing of its shard repeated or skipped.

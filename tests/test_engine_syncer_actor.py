@@ -12,13 +12,13 @@ from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
-from tests.helpers import TINY
+from tests.helpers import TINY, marked_storage
 
 
 def worker(run_dir, register=True):
     overrides = ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2"]
     recipe = load_recipe(TINY, [*overrides, "syncer.merge=mean", "syncer.down_codec=none"])
-    w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir))
+    w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir), marked_storage(run_dir))
     delivered = []
     for i in range(2 if register else 0):
         w.register(i, SimpleNamespace(deliver=Direct(delivered.append)))

@@ -54,6 +54,18 @@ def test_healthy_run_frame(tmp_path):
     assert "q or Ctrl-C quits" in frame(tmp_path / "healthy", interactive=True)
 
 
+def test_learners_on_several_nodes_show_their_node(tmp_path):
+    # Two nodes on one host share an address: the start of each node's id tells them apart; a node
+    # with an address of its own is named by it. On one node the column is left out (the frame above).
+    nodes = ["aaaaaa11", "bbbbbb22", "aaaaaa11", "cccccc33"]
+    ips = ["127.0.0.1", "127.0.0.1", "127.0.0.1", "10.0.0.3"]
+    rows = [learner_row(i, node_id=nodes[i], node=ips[i]) for i in range(4)]
+    text = frame(make_run(tmp_path / "r", status(learners=rows)))
+    assert "rejected  node" in text
+    assert [cells(text, i)["node"] for i in range(4)] == ["127.0.0.1/aaaaaa", "127.0.0.1/bbbbbb", "127.0.0.1/aaaaaa",
+                                                          "10.0.0.3"]  # fmt: skip
+
+
 def test_loss_chart_by_hand(tmp_path):
     text = frame(make_run(tmp_path / "r"))
     # Points: eval (t0+10, 5.426), (t0+99.5, 3.1); mean train loss (t0+59.2, 3.75) at step 50,

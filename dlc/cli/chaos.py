@@ -29,6 +29,7 @@ OPTION_KEYS = {
     "--degrade-link-rate": "degrade_link_per_learner_per_min",
     "--link-factor": "degrade_link_factor",
     "--cut-link-rate": "cut_link_per_learner_per_min",
+    "--kill-node-rate": "kill_node_per_min",
     "--seed": "seed",
     "--duration": "duration_s",
 }
@@ -87,6 +88,14 @@ def chaos_command(
         float | None,
         typer.Option("--cut-link-rate", help="Link cuts per learner per minute (Poisson).", show_default=False),
     ] = None,
+    kill_node_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--kill-node-rate",
+            help="Lost nodes per minute, run-wide (Poisson): every learner on one node killed at once.",
+            show_default=False,
+        ),
+    ] = None,
     plan: Annotated[
         Path | None,
         typer.Option(
@@ -123,6 +132,7 @@ def chaos_command(
         "--degrade-link-rate": degrade_link_rate,
         "--link-factor": link_factor,
         "--cut-link-rate": cut_link_rate,
+        "--kill-node-rate": kill_node_rate,
         "--seed": seed,
         "--duration": duration,
     }
@@ -137,8 +147,8 @@ def chaos_command(
     loaded = load_plan(plan, overrides, {key: option for option, key in OPTION_KEYS.items()})
     if loaded.is_empty():
         raise UserError(
-            "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate or --cut-link-rate, "
-            "or a --plan"
+            "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate, --cut-link-rate or "
+            "--kill-node-rate, or a --plan"
         )
     from dlc.run.files import resolve_run
 

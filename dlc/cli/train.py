@@ -70,5 +70,5 @@ def train_command(
     )
     if outcome.status == "interrupted":
         args = " ".join([str(recipe), *(o for o in overrides or [] if not o.startswith("run.dir="))])
-        typer.echo(f"resume with: dlc train {args} run.dir={outcome.run_dir}", err=True)
+        typer.echo(f"resume with: dlc train {args} run.dir={outcome.resume_dir or outcome.run_dir}", err=True)
     raise typer.Exit(outcome.exit_code)

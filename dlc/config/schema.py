@@ -42,6 +42,8 @@ class LearnerSettings:
     num_gpus: float
     accelerator_type: str | None
     link: LinkSpec
+    resources: dict[str, float]  # custom Ray resources, e.g. {"node_b": 1}
+    label_selector: dict[str, str]  # Ray node labels the learner's node must match
 
 
 class Section(BaseModel):
@@ -64,7 +66,13 @@ class RunConfig(Section):
     dir: str | None = Field(
         None,
         description="Run directory. Default: runs/<name>-<UTC timestamp>. Point it at an existing run "
-        "directory to resume from its checkpoint.",
+        "directory to resume from its checkpoint. On several machines: a path every node mounts at the same "
+        "place, or a URL etils can write (gs://, s3://, file://) that holds the checkpoints.",
+    )
+    local_dir: str | None = Field(
+        None,
+        description="With a URL run.dir only: the directory on the driver's machine for status, events, metrics "
+        "and the summary (what dlc status and dlc report read). Default: runs/<last part of the URL>.",
     )
     seed: int = Field(
         0, ge=0, le=MAX_SEED, description="Seed for parameter initialisation and the data split (0 to 2^32 - 1)."
@@ -91,6 +99,11 @@ class RunConfig(Section):
     def _needs_a_stop(self) -> RunConfig:
         if self.max_steps is None and self.max_tokens is None and self.max_wall_s is None:
             raise ValueError("no stop condition: set run.max_steps, run.max_tokens or run.max_wall_s")
+        if self.local_dir is not None and not (self.dir and "://" in self.dir):
+            raise ValueError(
+                f"run.local_dir={self.local_dir!r} is only for a URL run.dir (gs://...): with a path, the run "
+                "directory is run.dir itself; remove run.local_dir"
+            )
         return self
 
 
@@ -149,6 +162,12 @@ class LearnerOverride(Section):
     accelerator_type: str | None = Field(
         None, description="Ray accelerator type this learner's GPU must be (e.g. H100, A100), on a mixed cluster."
     )
+    resources: dict[str, float] | None = Field(
+        None, description="Custom Ray resources for this learner, e.g. {node_b: 1}: it runs on a node that has them."
+    )
+    label_selector: dict[str, str] | None = Field(
+        None, description="Ray node labels this learner's node must have, e.g. {zone: us-east1-b}."
+    )
     bandwidth_mbps: float | None = Field(None, gt=0, description="This learner's link bandwidth, Mbit/s each way.")
     latency_ms: float | None = Field(None, ge=0, description="This learner's one-way link latency, ms.")
     jitter_ms: float | None = Field(None, ge=0, description="This learner's latency jitter (half-normal scale), ms.")
@@ -172,6 +191,17 @@ class LearnersConfig(Section):
         "with its GPUs' kind). Default: any GPU.",
     )
     xla_cpu_threads: int = Field(1, ge=1, description="XLA CPU threads per learner process.")
+    placement: Literal["spread", "pack"] = Field(
+        "spread",
+        description="spread: learners on as many nodes as possible (Ray's SPREAD); pack: the learners' slots are "
+        "one placement group on as few nodes as possible. The syncer always runs on the driver's node.",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources every learner reserves (per learner: overrides)."
+    )
+    label_selector: dict[str, str] = Field(
+        default_factory=dict, description="Ray node labels every learner's node must have (per learner: overrides)."
+    )
     spares: int = Field(
         0,
         ge=0,
@@ -220,7 +250,15 @@ class LearnersConfig(Section):
             num_gpus=pick("num_gpus"),
             accelerator_type=pick("accelerator_type"),
             link=LinkSpec(pick("bandwidth_mbps"), pick("latency_ms"), pick("jitter_ms")),
+            resources=dict(pick("resources")),
+            label_selector=dict(pick("label_selector")),
         )
+
+    def cpus_reserved(self) -> float:
+        """Ray CPUs the learners, their hot spares and the joiners chaos may add reserve together (each spare
+        and joiner as much as a learner's default)."""
+        own = sum(self.resolved(i).num_cpus for i in range(self.count))
+        return own + (self.join_streams + self.spares) * self.num_cpus
 
 
 class InnerConfig(Section):
@@ -327,11 +365,14 @@ class BlockingConfig(Section):
 class ClusterConfig(Section):
     address: str | None = Field(
         None,
-        description="Ray cluster to join (e.g. ray://head:10001 or auto). Default: start an embedded local "
-        "cluster bound to 127.0.0.1 with no dashboard.",
+        description="Ray cluster to join: HOST:PORT of its head (ray start --head), auto, or ray://HOST:10001. "
+        "Default: start an embedded one-node cluster on 127.0.0.1 with no dashboard.",
     )
     num_cpus: float | None = Field(
-        None, ge=1, description="CPUs the embedded cluster advertises. Default: enough for every learner."
+        None,
+        ge=1,
+        description="CPUs the embedded cluster advertises; at least what the recipe reserves. Default: the "
+        "machine's logical CPUs, or what the recipe reserves if that is more.",
     )
 
 
@@ -423,12 +464,26 @@ class Recipe(Section):
                 f"syncer.heartbeat_timeout_s={sync.heartbeat_timeout_s} must exceed syncer.heartbeat_interval_s="
                 f"{sync.heartbeat_interval_s}, or every learner looks dead between heartbeats"
             )
+        reserved = self.cpus_reserved()
+        if self.cluster.address is None and self.cluster.num_cpus is not None and self.cluster.num_cpus < reserved:
+            raise ValueError(
+                f"cluster.num_cpus={self.cluster.num_cpus:g} but the recipe reserves {reserved:g} CPUs "
+                f"({self.learners.cpus_reserved():g} for {self.learners.count} learners, "
+                f"{self.learners.spares} spares and {self.learners.join_streams} join streams, "
+                f"{self.syncer.num_cpus:g} for the syncer): raise cluster.num_cpus to {reserved:g}, or lower "
+                "learners.num_cpus, learners.spares, learners.join_streams or syncer.num_cpus"
+            )
         if self.run.max_steps is None and self.run.max_tokens is None and self.inner.schedule_steps is None:
             raise ValueError(
                 "the run stops only on run.max_wall_s, so the learning-rate schedule has no length: "
                 "set inner.schedule_steps"
             )
         return self
+
+    def cpus_reserved(self) -> float:
+        """Ray CPUs the run reserves: learners, spares, room for joiners (a joiner must not wait for CPUs or take
+        a restarting syncer's), and the syncer."""
+        return self.learners.cpus_reserved() + self.syncer.num_cpus
 
     def schedule_steps(self) -> int:
         """Length of the inner learning-rate schedule in steps."""

@@ -1,8 +1,29 @@
-"""The Ray cluster a run's processes live in: an embedded one on loopback, or one to join."""
+"""The Ray cluster a run's processes live in: an embedded one on loopback, or one to join.
+
+Embedded (no `cluster.address`): a one-node cluster of the driver's own, started with
+`address="local"` (a cluster someone started with `ray start`, or RAY_ADDRESS, is never joined by
+accident: `cluster.address=auto` asks for that). Ray 2.60 rewrites 127.0.0.1 into the machine's
+external address before it starts a node or connects to one (ray-project/ray#59110), and then binds
+every port on all interfaces. The one switch Ray offers against it, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0,
+also forbids multi-node clusters to every process that inherits it; so the rewrite is switched off
+here instead, in this process only and only while `ray.init` runs. The embedded cluster also starts
+neither Ray's dashboard (API server) process nor the autoscaler's monitor, which listens on a port of
+its own: a one-node cluster with no autoscaling has no use for either. What still listens, all on
+127.0.0.1: the GCS, the raylet (node manager and object manager), the runtime-env agent the raylet
+asks to prepare workers, and every worker's (and the driver's) gRPC endpoint.
+
+Joining: the address is checked before `ray.init`, so an address nobody listens on, or a cluster
+whose token this driver lacks, is refused in seconds with one line (Ray itself retries for 20-40 s).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -11,29 +32,219 @@ import ray
 from dlc.config.schema import ClusterConfig
 from dlc.errors import UserError
 
+CONNECT_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = 8.0  # starting the probe's interpreter and Ray's client takes a second or two of it
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+TOKEN_HELP = (
+    "set RAY_AUTH_MODE=token and give this driver the cluster's token, as RAY_AUTH_TOKEN, in a file named by "
+    "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (`ray get-auth-token` on the head node prints it)"
+)
+
 
 def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:
-    """Join `cfg.address`, or start an embedded single-node cluster on loopback."""
-    common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
+    """Join `cfg.address`, or start an embedded single-node cluster on loopback; returns what the run logs."""
     if cfg.address:
-        try:
-            ray.init(address=cfg.address, **common)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserError(f"cannot join the Ray cluster at cluster.address={cfg.address!r}: {exc}") from None
-        available = ray.cluster_resources().get("CPU", 0.0)
-        if available < cpus_needed:
-            ray.shutdown()
-            raise UserError(
-                f"the Ray cluster at {cfg.address} has {available:g} CPUs, the recipe reserves {cpus_needed:g}: "
-                "lower learners.num_cpus, learners.spares, learners.join_streams or syncer.num_cpus, or add nodes"
-            )
+        _join(cfg.address, cpus_needed)
     else:
         # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.
         num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), cpus_needed)
-        ray.init(num_cpus=int(np.ceil(num_cpus)), _node_ip_address="127.0.0.1", **common)
-    return {"address": cfg.address or "embedded", "nodes": [n["NodeManagerAddress"] for n in ray.nodes()]}
+        _start_embedded(int(np.ceil(num_cpus)))
+    return {
+        "address": cfg.address or "embedded",
+        "driver_node": ray.get_runtime_context().get_node_id(),
+        "nodes": [{k: n[k] for k in ("node_id", "ip", "host", "head")} for n in nodes()],
+    }
 
 
 def stop_cluster() -> None:
     if ray.is_initialized():
         ray.shutdown()
+
+
+def nodes() -> list[dict[str, Any]]:
+    """The cluster's live nodes: id, address, host name, whether it is the head, resources and labels."""
+    return [
+        {
+            "node_id": n["NodeID"],
+            "ip": n["NodeManagerAddress"],
+            "host": n.get("NodeManagerHostname", ""),
+            "head": "node:__internal_head__" in n.get("Resources", {}),
+            "resources": dict(n.get("Resources", {})),
+            "labels": dict(n.get("Labels") or {}),
+        }
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+
+
+def node_info() -> dict[str, str]:
+    """The node this process runs on (inside an actor): Ray's node id, its address, the host name.
+
+    Outside Ray (a worker class driven in-process by a test) it is this machine, with no node id.
+    """
+    if not ray.is_initialized():
+        return {"node_id": "", "ip": "127.0.0.1", "host": socket.gethostname()}
+    return {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "ip": ray.util.get_node_ip_address(),
+        "host": socket.gethostname(),
+    }
+
+
+# -- the embedded cluster ------------------------------------------------------------------------
+
+
+def _start_embedded(num_cpus: int) -> None:
+    common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
+    with _without_env("RAY_ADDRESS"), _loopback_kept(), _no_dashboard_nor_monitor():
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **common)
+
+
+@contextlib.contextmanager
+def _loopback_kept() -> Iterator[None]:
+    """While it lasts, Ray keeps 127.0.0.1 as given instead of replacing it with the external address."""
+    from ray._private import services
+
+    rewrite = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda host: host
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = rewrite
+
+
+@contextlib.contextmanager
+def _no_dashboard_nor_monitor() -> Iterator[None]:
+    """While it lasts, a head node Ray starts in this process starts no API server and no autoscaler monitor."""
+    from ray._private.node import Node
+
+    saved = Node.start_api_server, Node.start_monitor
+    Node.start_api_server = lambda self, **_: None  # type: ignore[method-assign]
+    Node.start_monitor = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Node.start_api_server, Node.start_monitor = saved  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _without_env(name: str) -> Iterator[None]:
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
+# -- joining a cluster ---------------------------------------------------------------------------
+
+
+def _join(address: str, cpus_needed: float) -> None:
+    where = f"cluster.address={address}"
+    client = address.startswith("ray://")
+    if not client:
+        address = _bootstrap_address(address)
+        _check_reachable(address, where)
+        _check_token(address, where)
+    elif (parsed := _host_port(address.removeprefix("ray://"))) is not None:
+        _check_reachable(f"{parsed[0]}:{parsed[1]}", where)
+    common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR"}
+    try:
+        with _loopback_kept():
+            ray.init(address=address, **common)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise UserError(f"cannot join the Ray cluster at {where}: {_first_line(exc)}") from None
+    available = ray.cluster_resources().get("CPU", 0.0)
+    if available < cpus_needed:
+        ray.shutdown()
+        raise UserError(
+            f"the Ray cluster at {address} has {available:g} CPUs, the recipe reserves {cpus_needed:g}: "
+            "lower learners.num_cpus, learners.spares, learners.join_streams or syncer.num_cpus, or add nodes"
+        )
+
+
+def _bootstrap_address(address: str) -> str:
+    """HOST:PORT of the head's GCS: as given, or what `auto` finds (RAY_ADDRESS, the last `ray start` here)."""
+    if address != "auto":
+        return address
+    from ray._private import services
+
+    try:
+        with _loopback_kept():
+            found = services.canonicalize_bootstrap_address("auto")
+    except ConnectionError:
+        found = None
+    if not found:
+        raise UserError(
+            "cluster.address=auto found no Ray cluster on this machine (no RAY_ADDRESS, no `ray start` here): "
+            "start one with `ray start --head`, or give cluster.address=HOST:PORT"
+        )
+    return found
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _check_reachable(address: str, where: str) -> None:
+    """Something listens at HOST:PORT; UserError (in seconds, not Ray's 40) otherwise."""
+    parsed = _host_port(address)
+    if parsed is None:
+        raise UserError(f"{where} is not HOST:PORT (e.g. 10.0.0.5:6379), auto, or ray://HOST:PORT")
+    host, port = parsed
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
+        raise UserError(
+            f"cannot reach the Ray cluster at {where} ({reason} within {CONNECT_TIMEOUT_S:g} s): start its head "
+            "with `ray start --head --port=PORT`, or fix the address"
+        ) from None
+
+
+def _check_token(address: str, where: str) -> None:
+    """One call to the cluster's GCS with this driver's token settings; UserError if it is refused.
+
+    In a process of its own: Ray's client retries for 40 s when what answers is no GCS, and logs
+    every refused attempt; the user gets one line from us instead, in seconds.
+    """
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", _GCS_PROBE, address, str(CONNECT_TIMEOUT_S)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"something listens at {where}, but no Ray GCS answers there within {PROBE_TIMEOUT_S:g} s: give the "
+            "address `ray start --head` printed (the head's --port, 6379 by default)"
+        ) from None
+    if probe.returncode == _AUTH_REFUSED:
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            raise UserError(f"the Ray cluster at {where} requires token authentication: {TOKEN_HELP}")
+        raise UserError(f"the Ray cluster at {where} refused this driver's token: {TOKEN_HELP}")
+    # Anything else (a GCS still starting): ray.init retries and says what it finds.
+
+
+_AUTH_REFUSED = 3
+_GCS_PROBE = f"""
+import sys
+from ray._raylet import GcsClient
+from ray.exceptions import AuthenticationError
+try:
+    GcsClient(address=sys.argv[1]).internal_kv_get(b"dlc-probe", None, timeout=float(sys.argv[2]))
+except AuthenticationError:
+    sys.exit({_AUTH_REFUSED})
+"""
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    text = str(cause).strip().splitlines()
+    return text[0] if text else type(cause).__name__

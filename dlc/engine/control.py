@@ -1,8 +1,9 @@
 """The driver's side of chaos: what `dlc chaos` injected and asked for, and what came of it.
 
 `dlc chaos` (in-process or from another terminal) appends injections to chaos.jsonl and requests
-(slow, join, leave, links) to control.jsonl; the supervisor carries the requests out and records
-each fault's observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl.
+(kill, stall, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl; the supervisor
+carries the requests out (signals through the agent on the target's node) and records each fault's
+observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, JsonlTail, append_jsonl
@@ -22,8 +24,10 @@ class ChaosLog:
     def __init__(self, rundir: RunDir) -> None:
         self.rundir = rundir
         self.chaos_path = rundir.path / CHAOS_FILE
-        self._chaos = JsonlTail(self.chaos_path)
-        self._control = JsonlTail(rundir.path / CONTROL_FILE)
+        # From the end: lines a previous run of this directory wrote (before a resume) are not for
+        # this driver, and a kill or a stall carried out twice would be a fault nobody asked for.
+        self._chaos = JsonlTail(self.chaos_path, _size(self.chaos_path))
+        self._control = JsonlTail(rundir.path / CONTROL_FILE, _size(rundir.path / CONTROL_FILE))
         self.injected: dict[tuple[str, int | None], float] = {}
 
     def requests(self) -> list[dict[str, Any]]:
@@ -34,6 +38,16 @@ class ChaosLog:
                 if entry.get("phase") == "injected":
                     self.injected[(str(entry.get("fault")), entry.get("learner"))] = float(entry.get("t", time.time()))
         return self._control.read() or []
+
+    def note_victims(self, fault: str, learners: list[int], t: float) -> None:
+        """A fault the driver carried out on several learners (kill_node): outcomes are recorded for each."""
+        for learner in learners:
+            self.injected[(fault, learner)] = t
+
+    def death_fault(self, learner: int) -> str:
+        """The fault that killed `learner`, as chaos named it: kill_node if its node was killed last, else kill."""
+        kill, node = self.injected.get(("kill", learner)), self.injected.get(("kill_node", learner))
+        return "kill_node" if node is not None and (kill is None or node >= kill) else "kill"
 
     def since(self, fault: str, learner: int | None) -> float | None:
         t = self.injected.get((fault, learner))
@@ -53,6 +67,13 @@ class ChaosLog:
         }
         append_jsonl(self.chaos_path, entry)
         self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def start_chaos(plan: Any, rundir: RunDir, message: Callable[[str], None]) -> tuple[Any, threading.Event]:

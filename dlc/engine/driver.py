@@ -26,6 +26,7 @@ from dlc.run.rundir import RunDir
 
 EXIT_INTERRUPTED = 130
 TICK_S = 0.2
+AFTER_KILL_S = 0.03  # the next tick, after chaos's agent sent a SIGKILL (Ray sees the death in ~15 ms)
 
 
 class StopRequest:
@@ -54,15 +55,26 @@ class Outcome:
 
     status: str  # completed | interrupted | failed
     summary: dict[str, Any]
-    run_dir: str
+    run_dir: str  # the run directory on this machine
     exit_code: int = 0
+    resume_dir: str = ""  # what run.dir must be to resume: the run directory, or the URL of its storage
 
 
 class Driver:
     def __init__(
-        self, recipe: Recipe, rundir: RunDir, resume: bool, split: Split, view: ProgressView, chaos_plan: Any = None
+        self,
+        recipe: Recipe,
+        rundir: RunDir,
+        resume: bool,
+        split: Split,
+        view: ProgressView,
+        chaos_plan: Any = None,
+        cluster_info: dict[str, Any] | None = None,
     ) -> None:
+        """`cluster_info`: what `cluster.start_cluster` returned (the cluster is started before the run
+        directory is written, so a refused start changes nothing there)."""
         self.recipe = recipe
+        self.cluster_info = cluster_info or {}
         self.chaos_plan = chaos_plan
         self.rundir = rundir
         self.resume = resume
@@ -97,25 +109,21 @@ class Driver:
     def run(self) -> Outcome:
         from dlc.engine import cluster
 
-        learners = self.recipe.learners
-        # Learners, the syncer, and room for the learners chaos may add (each joiner reserves as
-        # much as a learner): otherwise a joiner waits for CPUs and takes a restarting syncer's.
-        cpus = (
-            sum(learners.resolved(i).num_cpus for i in range(learners.count))
-            + (learners.join_streams + learners.spares) * learners.num_cpus
-            + self.recipe.syncer.num_cpus
-        )
-        started = cluster.start_cluster(self.recipe.cluster, cpus)
-        self.rundir.event("cluster_started", **started)
+        if not self.cluster_info:  # a caller that did not start it (tests): start it here
+            self.cluster_info = cluster.start_cluster(self.recipe.cluster, self.recipe.cpus_reserved())
+        self.rundir.event("cluster_started", **self.cluster_info)
         try:
             self._launch()
             # Every actor has started and restored: only now does the run directory change, so a
             # refused resume (an unreadable checkpoint, another run's syncer) leaves it as it was.
-            self.rundir.open()
+            self.rundir.begin()
             from dlc.observe.tensorboard import TensorBoardWriter
 
             self.tb = TensorBoardWriter(self.rundir.path)
         except BaseException as exc:
+            # Nothing has trained yet: leave the run directory as it was.
+            self._release()
+            self.rundir.abandon()
             cluster.stop_cluster()
             raise _user_error_inside(exc) from None
         status, exit_code = "failed", 1
@@ -148,55 +156,81 @@ class Driver:
             self.rundir.write_summary(summary)
             self.rundir.event("run_finished", status=status, tokens=summary["tokens_total"])
             self.tb.close()
+            self._release()
             cluster.stop_cluster()
         if self.failure:
             self.view.message(self.failure)
-        return Outcome(status, summary, str(self.rundir.path), exit_code)
+        storage = self.rundir.storage
+        resume_dir = storage.location if storage.is_url else str(self.rundir.path)
+        return Outcome(status, summary, str(self.rundir.path), exit_code, resume_dir)
 
     def _launch(self) -> None:
         import ray
 
         from dlc.engine import devices
+        from dlc.engine.agent import Agents
         from dlc.engine.evaluator_actor import EvaluatorActor
         from dlc.engine.learner_actor import LearnerActor
+        from dlc.engine.placement import Placement
         from dlc.engine.supervisor import Supervisor
         from dlc.engine.syncer_actor import SyncerActor
 
         recipe, rundir = self.recipe, self.rundir
-        # Before any actor: Ray would leave one that asks for GPUs the cluster lacks pending forever.
-        devices.check_resources(recipe, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         inherited = devices.inherited_env(recipe.cluster)
         recipe_json = recipe.model_dump(mode="json")
-        run_dir = str(rundir.path)
-        syncer_options = devices.syncer_setup(recipe).ray_options(inherited)
-        self.syncer = SyncerActor.options(**syncer_options).remote(recipe_json, run_dir)
-        restored = ray.get(self.syncer.restore.remote()) if self.resume else None
+        run_dir = str(rundir.path.absolute())  # workers on other nodes do not share our working directory
+        storage = {"location": rundir.storage.location, "token": rundir.storage_token}
+        driver_node = self.cluster_info.get("driver_node") or ray.get_runtime_context().get_node_id()
+        # Each process's device and environment (devices), and the node it runs on (placement).
+        self.placement = Placement(recipe, driver_node)
+        self.agents = Agents()
+        syncer_options = {**devices.syncer_setup(recipe).ray_options(inherited), **self.placement.syncer()}
+        self.syncer = SyncerActor.options(**syncer_options).remote(recipe_json, run_dir, storage)
+        syncer_storage = self.syncer.storage_check.remote()  # waited for with the learners' (they start meanwhile)
+        restored = None
+        if self.resume:
+            _storage_usable([ray.get(syncer_storage)])
+            restored = ray.get(self.syncer.restore.remote())
         if restored:
             rundir.event("syncer_restored", **restored)
-        evaluator_options = devices.evaluator_setup(recipe).ray_options(inherited)
+        evaluator_options = {**devices.evaluator_setup(recipe).ray_options(inherited), **self.placement.evaluator()}
         self.evaluator = EvaluatorActor.options(**evaluator_options).remote(recipe_json, ray.put(self.split.eval_bytes))
 
         def options(i: int | None) -> dict[str, Any]:  # None: a spare, on the learners' defaults
-            return devices.learner_setup(recipe, i).ray_options(inherited)
+            return {**devices.learner_setup(recipe, i).ray_options(inherited), **self.placement.learner(i)}
 
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
             return LearnerActor.options(**options(i)).remote(
-                recipe_json, i, stream, run_dir, self.syncer, incarnation, time.time()
+                recipe_json, i, stream, storage, self.syncer, incarnation, time.time()
             )
 
         def make_spare(requested_at: float) -> Any:
             return LearnerActor.options(**options(None)).remote(
-                recipe_json, None, None, run_dir, self.syncer, 0, requested_at
+                recipe_json, None, None, storage, self.syncer, 0, requested_at
             )
 
         streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
         joiners = [streams[i] for i in range(recipe.learners.count, len(streams))]
-        self.supervisor = Supervisor(recipe, rundir, self.syncer, make_learner, joiners, make_spare)
+        self.supervisor = Supervisor(
+            recipe,
+            rundir,
+            self.syncer,
+            make_learner,
+            joiners,
+            make_spare,
+            agents=self.agents,
+            syncer_node=driver_node,
+            feasible=self.placement.feasible,
+        )
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         # A backend that failed to start (no CUDA plugin, GPU memory taken) ends the run here, in one line.
-        *devices, _ = ray.get(
+        *device_infos, _ = ray.get(
             [h.device_info.remote() for h in self.learners.values()] + [self.evaluator.device_info.remote()]
         )
+        placed = ray.get([h.where.remote() for h in self.learners.values()])
+        _storage_usable([ray.get(syncer_storage), *(p["storage_error"] for p in placed)])
+        for node in {driver_node, *(p["node_id"] for p in placed)}:
+            self.agents.on(node)  # started now, so a chaos signal does not wait for a new process
         if self.resume:
             for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
                 rundir.event("run_resumed", learner=i, **where)
@@ -210,14 +244,34 @@ class Driver:
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
-            rundir.event("learner_started", learner=i, pid=pid, **devices[i])
+            rundir.event(
+                "learner_started",
+                learner=i,
+                pid=pid,
+                node=placed[i]["ip"],
+                node_id=placed[i]["node_id"],
+                **device_infos[i],
+            )
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
         self.supervisor.keep_spares()  # after the learners, which come first for CPUs and compile time
+
+    def _release(self) -> None:
+        """Give back the placement group and the node agents (before the cluster goes, if it is ours)."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        agents, placement = getattr(self, "agents", None), getattr(self, "placement", None)
+        with contextlib.suppress(ray.exceptions.RayError):
+            if agents is not None:
+                agents.stop()
+            if placement is not None:
+                placement.close()
 
     def _watch(self, stop: StopRequest) -> None:
         last_status = 0.0
         while not stop.requested and not self.failure:
-            time.sleep(TICK_S)
+            time.sleep(AFTER_KILL_S if self.supervisor.signals.take_sent() else TICK_S)
             self._poll_all()
             if self.supervisor.failure:
                 self.failure = self.supervisor.failure
@@ -294,8 +348,11 @@ class Driver:
         recipe_json = self.recipe.model_dump(mode="json")
         from dlc.engine.devices import inherited_env, syncer_setup
 
-        options = syncer_setup(self.recipe).ray_options(inherited_env(self.recipe.cluster))
-        syncer = SyncerActor.options(**options).remote(recipe_json, str(self.rundir.path))
+        storage = {"location": self.rundir.storage.location, "token": self.rundir.storage_token}
+        run_dir = str(self.rundir.path.absolute())
+        device = syncer_setup(self.recipe).ray_options(inherited_env(self.recipe.cluster))
+        options = {**device, **self.placement.syncer()}
+        syncer = SyncerActor.options(**options).remote(recipe_json, run_dir, storage)
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
         live = self.supervisor.live()
         ray.get([syncer.register.remote(i, h, False) for i, h in live.items()], timeout=60)
@@ -336,6 +393,7 @@ class Driver:
                 self._rejected_by_learner[event["learner"]] = self._rejected_by_learner.get(event["learner"], 0) + 1
         self.supervisor.note_syncer_events(events)
         self.syncer_view = result["status"]
+        self.supervisor.syncer_pid = self.syncer_view.get("pid")
         if result["error"]:
             self.failure = f"syncer failed:\n{result['error']}"
 
@@ -402,6 +460,15 @@ class Driver:
         # Tokens trained in this run: a restarted learner copies its peer's counter, so sum the
         # learners' own counters only while they were alive (the ledger of tokens is the syncer's).
         return sum(v.get("tokens", 0) for v in self._rows())
+
+
+def _storage_usable(errors: list[str | None]) -> None:
+    """UserError with the first process that cannot use the run's storage (it names its node)."""
+    problem = next((e for e in errors if e), None)
+    if problem is not None:
+        from dlc.errors import UserError
+
+        raise UserError(problem)
 
 
 def _user_error_inside(exc: BaseException) -> BaseException:

@@ -18,7 +18,6 @@ import os
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,10 +31,11 @@ from dlc.core.runtime import (
     enable_compilation_cache,
     start_backend,
 )
+from dlc.engine.cluster import node_info
 from dlc.engine.devices import learner_setup
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
-from dlc.run.files import learner_checkpoint_dir
+from dlc.run.storage import RunStorage, describe
 
 SEQ_STRIDE = 10**9
 
@@ -48,7 +48,7 @@ class LearnerWorker:
         recipe_json: dict[str, Any],
         index: int | None,
         stream: np.ndarray | None,
-        run_dir: str,
+        storage: dict[str, str],
         syncer: Any,
         incarnation: int = 0,
         requested_at: float | None = None,
@@ -57,6 +57,11 @@ class LearnerWorker:
         self.recipe = Recipe.model_validate(recipe_json)
         self.index = index
         self.incarnation = incarnation
+        # Before anything is written: a node that cannot see the run's storage must not checkpoint
+        # into a directory of the same name of its own (`ready` and `where` report it to the driver).
+        self.node = node_info()
+        self.storage = RunStorage(storage["location"])
+        self.storage_error = self.storage.check(storage["token"], describe(self.node))
         # JAX's backend starts first: a GPU that fails (no CUDA plugin, out of memory) is reported
         # by `device_info`, `ready` and `poll` in one line, and nothing else is built.
         self.device: dict[str, str] = {}
@@ -81,7 +86,6 @@ class LearnerWorker:
         if requested_at is not None:
             self.startup["process_s"] = round(constructed - requested_at, 3)
         self.syncer = syncer
-        self.run_dir = run_dir
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
@@ -92,7 +96,7 @@ class LearnerWorker:
         # names one push for the whole run, also across syncer restarts.
         self.sync.seq = incarnation * SEQ_STRIDE
         self.sync.incarnation = incarnation
-        self.checkpointer = None if index is None else self._checkpointer(index)
+        self.checkpointer = None if index is None or self.storage_error else self._checkpointer(index)
         self.lock = threading.Lock()
         self.events: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
@@ -117,7 +121,13 @@ class LearnerWorker:
         self._compiler.start()
 
     def _checkpointer(self, index: int) -> Checkpointer:
-        return Checkpointer(learner_checkpoint_dir(Path(self.run_dir), index), self.recipe.checkpoint.keep)
+        if self.storage_error:
+            raise UserError(self.storage_error)
+        return Checkpointer(self.storage.learner_dir(index), self.recipe.checkpoint.keep)
+
+    def where(self) -> dict[str, Any]:
+        """Its node, and why it cannot use the run's storage (None when it can)."""
+        return {**self.node, "storage_error": self.storage_error}
 
     def _compile(self) -> None:
         """Compile (or load from the cache) every function the loop runs, before it runs."""
@@ -296,6 +306,9 @@ class LearnerWorker:
             "link_blocked_s": round(self.transport.blocked_s(), 3),
             "pid": os.getpid(),
             "device": self.device["device"],
+            "node_id": self.node["node_id"],
+            "node": self.node["ip"],
+            "host": self.node["host"],
         }
 
     @ray.method(concurrency_group="deliveries")  # one thread: messages from the syncer stay in order
@@ -312,9 +325,12 @@ class LearnerWorker:
         self.transport.impair(self.index, factor, seconds)
 
     def ready(self) -> int:
-        """Answers once the actor is constructed; returns its pid (raises if its backend failed)."""
+        """Answers once the actor is constructed; returns its pid. UserError if its backend failed to start
+        or its node cannot see the run's storage."""
         if self.backend_error:
             raise UserError(self.backend_error)
+        if self.storage_error:
+            raise UserError(self.storage_error)
         return os.getpid()
 
     # -- serving a state copy to a rejoining peer, without pausing ----------------------------

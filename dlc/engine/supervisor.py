@@ -8,6 +8,9 @@ its state at a step boundary), or starts from the syncer's global fragments when
 healthy, and then rejoins the syncer as a new incarnation. Every step of that is an event,
 and the observed outcome of each chaos fault goes to chaos.jsonl.
 
+Chaos's kills, stalls and lost nodes arrive as requests (control.jsonl) and are carried out by the
+agent on the target's node (`dlc.engine.agent`), which signals the process there.
+
 With `learners.spares: N`, N hot spares (learner processes started and compiled, idle, with no
 data) wait beside the learners: a dead learner's slot is taken over by a ready spare, which skips
 the process start and the compilation, and a new spare is started behind it. Their idle time is
@@ -19,18 +22,22 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.engine.agent import Agents, Signals
 from dlc.engine.control import ChaosLog
 from dlc.engine.devices import same_setup
 from dlc.errors import UserError
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
+
+MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
 
 
 @dataclass
@@ -45,6 +52,7 @@ class Recovery:
     peer: int | None = None
     spare: bool = False  # a hot spare took the slot over
     data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
+    attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
 
 
 @dataclass
@@ -73,6 +81,7 @@ class LearnerSlot:
     poll: Any = None
     recovery: Recovery | None = None
     awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
+    death_fault: str = "kill"  # what chaos called the fault that killed it last: kill or kill_node
     leave_at: float | None = None  # a joined learner retires at this monotonic time
     ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
     # Of the learner's own counters of time its loop was blocked (waiting_s, checkpoint_s), what the
@@ -90,6 +99,9 @@ class Supervisor:
         make_learner: Any,
         join_streams: list[Any],
         make_spare: Any = None,
+        agents: Agents | None = None,
+        syncer_node: str | None = None,
+        feasible: Callable[[int], str | None] | None = None,
     ) -> None:
         self.recipe = recipe
         self.rundir = rundir
@@ -105,6 +117,10 @@ class Supervisor:
         self.ledger = Ledger()
         self.failure: str | None = None
         self.chaos = ChaosLog(rundir)
+        self.signals = Signals(rundir, self.chaos, agents or Agents())
+        self.syncer_node = syncer_node  # where the syncer runs: the driver's node
+        self.feasible = feasible  # (index) -> None, or why no live node can hold that learner now
+        self.syncer_pid: int | None = None  # the driver keeps it current
 
     # -- membership ------------------------------------------------------------------------
 
@@ -145,13 +161,14 @@ class Supervisor:
         """Poll, detect, advance recoveries, fill the ledger. `absorb(i, result)` logs a poll."""
         now = time.monotonic()
         # Chaos lines first: a kill injected and detected within one tick must already be known
-        # as injected when its outcome is recorded.
-        requests = self.chaos.requests()
+        # as injected when its outcome is recorded. Requests are carried out before the polls, so
+        # a signal is on its way while this tick works (the driver's next tick comes early then).
+        for request in self.chaos.requests():
+            self._carry_out(request)
         self._poll(absorb, now)
         self._poll_spares()
         self._advance_recoveries()
-        for request in requests:
-            self._carry_out(request)
+        self.signals.check()
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
                 self._carry_out({"op": "leave", "learner": i})
@@ -285,8 +302,9 @@ class Supervisor:
             if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
                 after = time.time() - slot.awaiting_first_push
                 self.rundir.event("learner_recovered", learner=event["learner"], after_s=round(after, 3))
+                fault = slot.death_fault
                 self.chaos.outcome(
-                    "kill", event["learner"], "first_push", after_s=self.chaos.since("kill", event["learner"])
+                    fault, event["learner"], "first_push", after_s=self.chaos.since(fault, event["learner"])
                 )
                 slot.awaiting_first_push = None
             elif event["kind"] == "push_rejected":
@@ -315,10 +333,15 @@ class Supervisor:
         )
         self.dead_tokens[i] += slot.view.get("tokens", 0)
         slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
-        self.chaos.outcome("kill", i, "detected", after_s=self.chaos.since("kill", i))
+        fault = slot.death_fault = self.chaos.death_fault(i)
+        self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
         self.syncer.leave.remote(i)
         incarnation = self.restarts[i] + 1
         spare = self._take_spare(i)
+        lost = self.feasible(i) if spare is None and self.feasible is not None else None
+        if lost is not None:
+            self._retire(i, lost, fault)
+            return
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
             slot.recovery = Recovery(
@@ -334,6 +357,14 @@ class Supervisor:
             )
         slot.override = "restarting"
         self.restarts[i] += 1
+
+    def _retire(self, i: int, reason: str, fault: str) -> None:
+        """Learner `i` died and no live node can hold it (pinned by resources or labels to a node that is
+        gone): a restart would wait forever for resources that never come. The run goes on without it."""
+        slot = self.slots[i]
+        slot.override, slot.recovery, slot.view["phase"] = "left", None, None
+        self.rundir.event("learner_lost", learner=i, reason=reason)
+        self.chaos.outcome(fault, i, "not_restarted", detail=reason)
 
     def _advance_recoveries(self) -> None:
         for i, slot in self.slots.items():
@@ -354,9 +385,28 @@ class Supervisor:
                     )
                     slot.view["phase"] = "starting process"
                     continue
-                cause = getattr(exc, "cause", None)  # a backend that failed to start: its one line
-                self.failure = f"learner {i} could not be restarted: {cause if isinstance(cause, UserError) else exc}"
-                slot.recovery = None
+                cause = getattr(exc, "cause", None)  # a backend or storage that failed: its one line
+                if isinstance(cause, UserError):
+                    self.failure, slot.recovery = f"learner {i} could not be restarted: {cause}", None
+                    continue
+                # Its new process died before it was ready: its node died under it (Ray marks a lost
+                # node dead seconds after its processes die). Try again where there is room, or retire.
+                lost = self.feasible(i) if self.feasible is not None else None
+                if lost is not None:
+                    self._retire(i, lost, slot.death_fault)
+                elif rec.attempts < MAX_RESTART_ATTEMPTS:
+                    actor = self.make_learner(i, slot.stream, self.restarts[i])
+                    slot.recovery = Recovery(
+                        "restarting",
+                        actor,
+                        actor.ready.remote(),
+                        died_at=rec.died_at,
+                        attempts=rec.attempts + 1,
+                        data_position=rec.data_position,
+                    )
+                    self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
+                else:
+                    self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
                 continue
             if rec.phase == "restarting":
                 rec.restarted_at = time.time()
@@ -367,7 +417,8 @@ class Supervisor:
                     after_s=round(rec.restarted_at - rec.died_at, 3),
                     spare=rec.spare,
                 )
-                self.chaos.outcome("kill", i, "restarted", after_s=self.chaos.since("kill", i), pid=result)
+                fault = slot.death_fault
+                self.chaos.outcome(fault, i, "restarted", after_s=self.chaos.since(fault, i), pid=result)
                 slot.view = {**slot.view, "pid": result}
                 peer = self._healthy_peer(exclude=i)
                 slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
@@ -381,7 +432,8 @@ class Supervisor:
                 slot.override = "rejoining"
             elif rec.phase == "rejoining":
                 self.rundir.event("learner_rejoined", learner=i, **result)
-                self.chaos.outcome("kill", i, "state_copied", after_s=self.chaos.since("kill", i), **result)
+                fault = slot.death_fault
+                self.chaos.outcome(fault, i, "state_copied", after_s=self.chaos.since(fault, i), **result)
                 ray.get(self.syncer.rejoin.remote(i, rec.actor))
                 rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
                 rec.actor.start.remote(None, None)
@@ -404,7 +456,10 @@ class Supervisor:
     def _carry_out(self, request: dict[str, Any]) -> None:
         op, i = request.get("op"), request.get("learner")
         slot = self.slots.get(i) if i is not None else None
-        if op == "slow" and slot is not None and i in self.live():
+        if op in ("kill", "stall", "kill_node", "kill_syncer"):
+            live = {j: self.slots[j].view for j in self.live()}
+            self.signals.carry_out(request, live, self.syncer_pid, self.syncer_node)
+        elif op == "slow" and slot is not None and i in self.live():
             duration = request.get("duration_s")
             seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
             slot.handle.set_slow.remote(float(request.get("factor") or 2.0), seconds)

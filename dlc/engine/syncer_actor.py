@@ -18,21 +18,29 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
+from dlc.engine.cluster import node_info
 from dlc.engine.journal import Journal, damaged
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
-from dlc.run.files import syncer_checkpoint_dir, syncer_journal_path
+from dlc.run.files import syncer_journal_path
+from dlc.run.storage import RunStorage, describe
 
 
 class SyncerWorker:
     """Lives in the syncer actor: the algorithm's syncer behind a lock, a ticking thread, checkpoints."""
 
-    def __init__(self, recipe_json: dict[str, Any], run_dir: str) -> None:
+    def __init__(self, recipe_json: dict[str, Any], run_dir: str, storage: dict[str, str]) -> None:
+        """`run_dir`: the run directory on the driver's node, where it runs (its journal goes there);
+        `storage`: where checkpoints go and the token of this start (see `dlc.run.storage`)."""
         from dlc.algo import get_algorithm
         from dlc.core.model import build_model, flatten_params
         from dlc.net.transport import Transport
 
         self.recipe = Recipe.model_validate(recipe_json)
+        self.storage = RunStorage(storage["location"])
+        self.storage_error = self.storage.check(storage["token"], describe(node_info()))
+        if self.storage_error:  # the driver asks `storage_check` first and ends the run with this line
+            return
         _, params = build_model(self.recipe.model, self.recipe.run.seed)
         self.shapes = flatten_params(params)
         self.learners: dict[int, Any] = {}
@@ -40,7 +48,7 @@ class SyncerWorker:
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed + 1)  # downlinks
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
-        self.checkpointer = Checkpointer(syncer_checkpoint_dir(Path(run_dir)), self.recipe.checkpoint.keep)
+        self.checkpointer = Checkpointer(self.storage.syncer_dir(), self.recipe.checkpoint.keep)
         self.journal = Journal(syncer_journal_path(Path(run_dir)))
         self.syncer.journal = self._journal_round
         # Events of the rounds journaled since the last checkpoint: the next checkpoint keeps them,
@@ -52,6 +60,10 @@ class SyncerWorker:
         self._last_save = time.monotonic()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
+
+    def storage_check(self) -> str | None:
+        """Why the syncer cannot use the run's storage, or None."""
+        return self.storage_error
 
     def _deliver(self, learner: int, message: Any) -> int:
         handle = self.learners.get(learner)

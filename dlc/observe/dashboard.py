@@ -147,12 +147,15 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
     with_goodput = any(row.get("goodput") is not None for row in snap["learners"])
     # Learners on different devices (mixed hardware): each row says which; otherwise the header does.
     with_device = len({row["device"] for row in snap["learners"] if row.get("device")}) > 1
+    # Which node each learner runs on, once the learners run on more than one.
+    with_node = len({row.get("node") for row in snap["learners"] if row.get("node")}) > 1
     columns = ("id", "state", "step", "tokens", "tok/s", "loss", "last push", "stale", "restarts", "rejected")
     columns += ("device",) if with_device else ()
-    for name in (*columns, "goodput") if with_goodput else columns:
+    extra = (*(["goodput"] if with_goodput else []), *(["node"] if with_node else []))
+    for name in (*columns, *extra):
         # The state is what a glance looks for: never cut it.
         width = max(len(name), 10) if name == "state" else len(name)
-        table.add_column(name, justify="left" if name == "state" else "right", no_wrap=True, min_width=width)
+        table.add_column(name, justify="left" if name in ("state", "node") else "right", no_wrap=True, min_width=width)
     for row in snap["learners"]:
         age, goodput, stale, rate = (row.get(k) for k in ("last_push_age_s", "goodput", "staleness", "tokens_per_s"))
         table.add_row(
@@ -168,9 +171,10 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
             str(row["rejected"]),
             *([short_device(row.get("device"))] if with_device else []),
             *(["-" if goodput is None else f"{goodput:.1%}"] if with_goodput else []),
+            *([row.get("node") or "-"] if with_node else []),
         )
     for row in snap.get("spares", []):
-        blank = ["-"] * (len(columns) - 2 + with_goodput)
+        blank = ["-"] * (len(columns) - 2 + len(extra))
         table.add_row(Text(str(row["id"]), style="dim"), _state_cell(row), *blank)
     return table
 

@@ -262,6 +262,7 @@ class RunReader:
         rates = [v for r in rows if r.get("state") == "training" and (v := _num(r.get("tokens_per_s")))]
         median_rate = statistics.median(rates) if len(rates) > 1 else None
         error = str((summary or {}).get("error") or "")
+        nodes = _node_labels(rows)
         out = []
         for r in rows:
             i, state, pid = r["id"], str(r.get("state") or "starting"), r.get("pid")
@@ -291,6 +292,7 @@ class RunReader:
                     "pid": pid,
                     "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
                     "device": r.get("device") if isinstance(r.get("device"), str) else self.devices.get(i),
+                    "node": nodes.get(r.get("node_id")),
                 }
             )
         return out
@@ -330,6 +332,18 @@ def device_summary(devices: list[str | None]) -> str | None:
     """Learners per device, most first: '4 x gpu: NVIDIA H100 80GB HBM3', '1 x gpu: ..., 3 x cpu'."""
     counts = Counter(d for d in devices if d)
     return ", ".join(f"{n} x {d}" for d, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or None
+
+
+def _node_labels(rows: list[dict[str, Any]]) -> dict[Any, str]:
+    """A short name per node id the learners report: its address, with the start of the id where two nodes
+    share an address (several nodes on one host)."""
+    ips: dict[str, str] = {}
+    for r in rows:
+        node_id, ip = r.get("node_id"), r.get("node")
+        if isinstance(node_id, str) and node_id and isinstance(ip, str):
+            ips[node_id] = ip
+    shared = {ip for ip in ips.values() if list(ips.values()).count(ip) > 1}
+    return {node_id: f"{ip}/{node_id[:6]}" if ip in shared else ip for node_id, ip in ips.items()}
 
 
 def _badput(source: dict[str, Any]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import orbax.checkpoint as ocp
+from etils import epath
 
 from dlc.errors import UserError
 
@@ -17,8 +18,9 @@ logging.getLogger("absl").setLevel(logging.WARNING)
 class Checkpointer:
     """Numbered checkpoints under one directory; keeps the newest `keep`."""
 
-    def __init__(self, directory: Path, keep: int) -> None:
-        self.directory = directory.absolute()
+    def __init__(self, directory: Path | epath.Path, keep: int) -> None:
+        # A local path or a URL (gs://...): orbax writes either through etils.
+        self.directory = directory.absolute() if isinstance(directory, Path) else directory
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True),

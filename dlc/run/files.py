@@ -33,16 +33,12 @@ HEALTHY_STATES = frozenset({"training", "slow"})  # stepping, so rounds wait for
 GONE_STATES = frozenset({"left", "finished", "failed"})  # will not step again in this run
 
 
-def learner_checkpoint_dir(run_dir: Path, index: int) -> Path:
-    return run_dir / CHECKPOINT_DIR / f"learner-{index}"
-
-
-def syncer_checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINT_DIR / "syncer"
-
-
 def syncer_journal_path(run_dir: Path) -> Path:
-    """Rounds closed since the syncer's last checkpoint (`.prev` beside it while one is written)."""
+    """Rounds closed since the syncer's last checkpoint (`.prev` beside it while one is written).
+
+    Always in the run directory on the driver's machine, where the syncer runs (appended once per
+    round: not something to do on an object store), also when the checkpoints are under a URL.
+    """
     return run_dir / CHECKPOINT_DIR / "syncer-journal.pkl"
 
 

@@ -1,13 +1,16 @@
 """The run directory: resolved recipe, event and metric logs, live status, final summary.
 
 Everything a later reader (`dlc status`, `dlc report`, a person with `jq`) needs is a file here;
-nothing requires a connection to the running job.
+nothing requires a connection to the running job. The checkpoints live in the run's storage
+(`dlc.run.storage`): the run directory itself, or a URL when `run.dir` is one.
 
-Nothing in a directory that holds an earlier run changes until this run has started:
-`RunDir.prepare` only checks, events and metrics recorded while the engine starts are held in
-memory, and `open` writes them with the recipe once every learner has restored its checkpoint. A
-refused start or resume leaves the directory as it was. A new (or emptied) directory is opened at
-once, so `dlc status` sees the run while the engine starts.
+A start is checked first (`RunDir.check`: it reads, and at most creates a directory that did not
+exist), then created once the cluster has started (`RunDir.create`). Nothing in a directory that
+holds an earlier run changes until this run has started: events and metrics recorded while the
+engine starts are held in memory, and `begin` writes them with the recipe once every learner has
+restored its checkpoint, so a refused start or resume leaves the directory as it was (`abandon`
+puts back the storage's marker). A new (or emptied) directory is written at once, so `dlc status`
+sees the run while the engine starts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,79 +43,134 @@ from dlc.run.files import (
     syncer_journal_path,
     write_json_atomic,
 )
+from dlc.run.storage import MARKER_FILE, RunStorage, is_url, local_dir_of
 
 # Recipe sections a resumed run must share with the checkpoint it resumes from.
 _STATE_SHAPING = ("model", "data", "learners")
+# Learner settings that say where a learner runs, not what it holds: free to change on resume.
+_PLACEMENT_KEYS = frozenset({"placement", "resources", "label_selector", "num_cpus", "num_gpus", "accelerator_type"})
 _FILES = (RECIPE_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE)  # what the driver writes
 _STEP = re.compile(r"^\d+$")  # orbax names a checkpoint by its step
 
 
-class RunDir:
-    """An open run directory. Create with `RunDir.prepare`; nothing is written before `open`."""
+@dataclass(frozen=True)
+class Layout:
+    """Where a run's files go, decided before anything is written."""
 
-    def __init__(self, path: Path, recipe_text: str) -> None:
+    path: Path  # the run directory on the driver's machine
+    storage: RunStorage  # where the checkpoints are
+    resume: bool
+    fresh: bool
+
+
+class RunDir:
+    """An open run directory: `RunDir.check`, then `RunDir.create`; nothing of an earlier run's
+    directory is written before `begin`."""
+
+    def __init__(self, path: Path, recipe_text: str, storage: RunStorage | None = None, token: str = "") -> None:
         self.path = path
+        self.storage = storage or RunStorage(str(path))
+        self.storage_token = token  # what every learner must read in the storage's marker
         self._recipe_text = recipe_text
-        self._held: list[tuple[str, str]] = []  # (file, line) recorded before `open`
+        self._held: list[tuple[str, str]] = []  # (file, line) recorded before `begin`
         self._files: dict[str, TextIO] = {}
 
     @classmethod
     def prepare(cls, recipe: Recipe, fresh: bool) -> tuple[RunDir, bool]:
-        """Check (creating if needed) the recipe's run directory; returns it and whether to resume.
+        """Check, then create the recipe's run directory (no cluster in between: tests, tools)."""
+        layout = cls.check(recipe, fresh)
+        return cls.create(layout, recipe), layout.resume
+
+    @staticmethod
+    def check(recipe: Recipe, fresh: bool) -> Layout:
+        """Where the run goes and whether it resumes, or UserError with the fix.
 
         Resuming needs a checkpoint and a recipe whose model, data and learners match the saved
-        one; otherwise the user is told to pass --fresh or pick another directory, and nothing
-        in the directory is touched.
+        one; otherwise the user is told to pass --fresh or pick another directory. A directory the
+        run could not write, or whose names the run needs are taken, is refused here too.
         """
-        path = Path(recipe.run.dir) if recipe.run.dir else recipe.default_run_dir()
+        location = recipe.run.dir or str(recipe.default_run_dir())
+        what = "run.local_dir" if is_url(location) else "run.dir"
+        path = local_dir_of(location, recipe.run.local_dir)
         if "\0" in str(path):
-            raise UserError(f"run.dir {str(path)!r} holds a NUL byte: choose another run.dir")
+            raise UserError(f"{what} {str(path)!r} holds a NUL byte: choose another {what}")
         try:
             path.exists()
         except OSError as exc:  # a name too long, a loop of links
-            raise UserError(f"run.dir {str(path)!r} cannot be used ({exc.strerror}): choose another run.dir") from None
+            raise UserError(f"{what} {str(path)!r} cannot be used ({exc.strerror}): choose another {what}") from None
         if path.exists() and not path.is_dir():
-            raise UserError(f"run.dir {str(path)!r} exists and is not a directory: choose another run.dir")
+            raise UserError(f"{what} {str(path)!r} exists and is not a directory: choose another {what}")
         if path.is_dir():
             _check_layout(path)
-        checkpoints = path / CHECKPOINT_DIR
-        has_checkpoint = checkpoints.is_dir() and any(checkpoints.iterdir())
+        storage = RunStorage(location if is_url(location) else str(path))
+        try:
+            has_checkpoint = storage.has_checkpoint()
+        except OSError as exc:
+            raise UserError(
+                f"cannot read run.dir={location!r} ({type(exc).__name__}: {exc}): fix it or its access"
+            ) from None
         if has_checkpoint and not fresh:
-            _check_same_run(path, recipe)
-            _check_checkpoints(checkpoints)
-        ensure_writable_dir(path, "run.dir")
-        if fresh and path.is_dir():  # everything an earlier run wrote: a fresh run's records are its own
-            for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR, CHAOS_FILE, CONTROL_FILE):
+            _check_same_run(path, recipe, storage.read_recipe() if storage.is_url else None)
+            if not storage.is_url:
+                _check_checkpoints(path / CHECKPOINT_DIR)
+        check_writable_dir(path, what)
+        return Layout(path, storage, has_checkpoint and not fresh, fresh)
+
+    @classmethod
+    def create(cls, layout: Layout, recipe: Recipe) -> RunDir:
+        """The run directory of a start the cluster can hold: emptied with --fresh, the storage marked.
+
+        A directory with no earlier run is written at once; one with an earlier run waits for `begin`.
+        """
+        path, storage = layout.path, layout.storage
+        ensure_writable_dir(path, "run.local_dir" if storage.is_url else "run.dir")
+        if layout.fresh:  # everything an earlier run wrote: a fresh run's records are its own
+            storage.clear_checkpoints()
+            for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR, CHAOS_FILE, CONTROL_FILE, MARKER_FILE):
                 target = path / name
                 if target.is_dir():
                     shutil.rmtree(target)
                 elif target.exists():
                     target.unlink()
-        text = dump_recipe(recipe.model_copy(update={"run": recipe.run.model_copy(update={"dir": str(path)})}))
-        rundir = cls(path, text)
+        run_dir = storage.location if storage.is_url else str(path)
+        text = dump_recipe(recipe.model_copy(update={"run": recipe.run.model_copy(update={"dir": run_dir})}))
+        try:
+            if storage.is_url and not layout.resume:
+                storage.write_recipe(text)
+            token = storage.mark()
+        except OSError as exc:
+            raise UserError(f"cannot write run.dir={storage.location!r} ({type(exc).__name__}: {exc})") from None
+        rundir = cls(path, text, storage, token)
         if not any((path / name).exists() for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR)):
             # No earlier run here to protect: show this one to dlc status while the engine starts.
-            rundir.open()
-        return rundir, has_checkpoint and not fresh
+            rundir.begin()
+        return rundir
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / CHECKPOINT_DIR
 
     @property
-    def opened(self) -> bool:
+    def begun(self) -> bool:
         return bool(self._files)
 
-    def open(self) -> None:
+    def begin(self) -> None:
         """The run has started: write the recipe, open the logs, write what was recorded so far."""
-        if self.opened:
+        if self.begun:
             return
         (self.path / RECIPE_FILE).write_text(self._recipe_text)
+        if self.storage.is_url:  # beside the checkpoints too: a resume from the URL checks it
+            self.storage.write_recipe(self._recipe_text)
         for name in (EVENTS_FILE, METRICS_FILE):
             self._files[name] = open(self.path / name, "a", buffering=1)  # noqa: SIM115 (closed by close)
         for name, line in self._held:
             self._files[name].write(line)
         self._held = []
+
+    def abandon(self) -> None:
+        """The start was refused before `begin`: put the storage's marker back as it was."""
+        if not self.begun:
+            self.storage.unmark()
 
     def _write(self, name: str, fields: dict[str, Any]) -> None:
         line = json.dumps({"t": round(time.time(), 3), **fields}, default=jsonable) + "\n"
@@ -137,6 +196,25 @@ class RunDir:
         for f in self._files.values():
             f.close()
         self._held = []
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """UserError naming `what` unless files can be created in `path`, or `path` can be created: tried in
+    its nearest existing ancestor, so nothing is left behind."""
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if existing != path and not existing.is_dir():
+        raise UserError(
+            f"{what} {str(path)!r} cannot be written (Not a directory: {str(existing)!r} is a file): "
+            f"choose a writable {what}"
+        )
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"{what} {str(path)!r} cannot be written ({reason}): choose a writable {what}") from None
 
 
 def ensure_writable_dir(path: Path, what: str) -> None:
@@ -198,18 +276,25 @@ def _check_checkpoints(checkpoints: Path) -> None:
                 )
 
 
-def _check_same_run(path: Path, recipe: Recipe) -> None:
+def _check_same_run(path: Path, recipe: Recipe, saved_text: str | None = None) -> None:
+    """Refuse a resume whose recipe differs from the saved one in what shapes the state."""
     saved_file = path / RECIPE_FILE
-    if not saved_file.is_file():
-        return
     unreadable = f"{saved_file} is not a recipe saved by dlc train: repair it, or pass --fresh to start over"
+    if saved_text is None:
+        if not saved_file.is_file():
+            return
+        try:
+            saved_text = saved_file.read_text()
+        except (UnicodeDecodeError, OSError):
+            raise UserError(unreadable) from None
     try:
-        saved = yaml.safe_load(saved_file.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        saved = yaml.safe_load(saved_text) or {}
+    except yaml.YAMLError:
         raise UserError(unreadable) from None
     if not isinstance(saved, dict) or not all(isinstance(saved.get(s) or {}, dict) for s in _STATE_SHAPING):
         raise UserError(unreadable)
-    current = recipe.model_dump(mode="json")
+    current = _without_placement(recipe.model_dump(mode="json"))
+    saved = _without_placement(saved)
     for section in _STATE_SHAPING:
         if saved.get(section) != current[section]:
             changed = sorted(
@@ -222,3 +307,17 @@ def _check_same_run(path: Path, recipe: Recipe) -> None:
                 f"({', '.join(f'{section}.{k}' for k in changed)} changed): pass --fresh to start over "
                 "there, or choose another run.dir"
             )
+
+
+def _without_placement(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe without the learner settings that only say where learners run."""
+    learners = recipe.get("learners")
+    if not isinstance(learners, dict):
+        return recipe
+    kept = {k: v for k, v in learners.items() if k not in _PLACEMENT_KEYS}
+    if isinstance(kept.get("overrides"), list):
+        kept["overrides"] = [
+            {k: v for k, v in o.items() if k not in _PLACEMENT_KEYS} if isinstance(o, dict) else o
+            for o in kept["overrides"]
+        ]
+    return {**recipe, "learners": kept}

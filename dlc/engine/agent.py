@@ -1,0 +1,157 @@
+"""Per-node agents: chaos's hands on every node.
+
+A process id means something only on its own machine, so the driver never signals a learner
+itself: it asks the agent pinned to the learner's node (a Ray actor with no CPUs, one per node the
+run uses) to send the signal there. That works the same on one machine and on many. A stall's
+SIGCONT comes from a timer process the agent starts on that node in a session of its own, so the
+learner resumes even if the agent, the driver or `dlc chaos` dies first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from chaos.target import ProcessSignals, TargetError
+from dlc.engine.control import ChaosLog
+from dlc.run.rundir import RunDir
+
+
+class NodeAgentWorker:
+    """Lives in the agent actor of one node: sends signals to processes of that node."""
+
+    def __init__(self) -> None:
+        self.signals = ProcessSignals()
+
+    def kill(self, pids: list[int]) -> list[str]:
+        """SIGKILL each pid (all at once for a lost node); returns what could not be done."""
+        errors = []
+        for pid in pids:
+            try:
+                self.signals.kill(pid)
+            except TargetError as exc:
+                errors.append(str(exc))
+        return errors
+
+    def stall(self, pid: int, seconds: float) -> str | None:
+        """SIGSTOP `pid` and start the timer on this node that sends SIGCONT after `seconds`."""
+        try:
+            self.signals.stall(pid, seconds)
+        except TargetError as exc:
+            return str(exc)
+        return None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentWorker)
+
+
+class Agents:
+    """The driver's agents, one per node, started when a node first needs one."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, Any] = {}
+
+    def on(self, node_id: str) -> Any:
+        """The agent of `node_id` (started now if the run has none there yet)."""
+        agent = self._by_node.get(node_id)
+        if agent is None:
+            strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+            agent = NodeAgent.options(scheduling_strategy=strategy).remote()
+            self._by_node[node_id] = agent
+        return agent
+
+    def forget(self, node_id: str) -> None:
+        """The node's agent died (its node with it): the next request starts a new one, if the node is back."""
+        self._by_node.pop(node_id, None)
+
+    def stop(self) -> None:
+        for agent in self._by_node.values():
+            ray.kill(agent)
+        self._by_node.clear()
+
+
+class Signals:
+    """The driver's side: carries out chaos's kill, stall, kill_node and kill_syncer requests through the agents.
+
+    Nothing here waits on an agent: each tick looks at the answers that came back, and a signal that
+    could not be sent is recorded (a `control_ignored` event and a `not_carried_out` outcome).
+    """
+
+    def __init__(self, rundir: RunDir, chaos: ChaosLog, agents: Agents) -> None:
+        self.rundir = rundir
+        self.chaos = chaos
+        self.agents = agents
+        self._calls: list[tuple[Any, dict[str, Any], str]] = []  # (answer ref, request, node id)
+        self._sent = False  # a kill went out since `take_sent` last asked
+
+    def carry_out(
+        self, request: dict[str, Any], live: dict[int, dict[str, Any]], syncer_pid: int | None, syncer_node: str | None
+    ) -> None:
+        """`live`: each live learner's last view (pid, node_id, node); the request names one, or the syncer."""
+        op, i = request.get("op"), request.get("learner")
+        if op == "kill_syncer":
+            if syncer_pid is None or syncer_node is None or request.get("pid") not in (None, syncer_pid):
+                self._ignore(request, f"the syncer is not the process chaos saw (pid {syncer_pid} now)")
+                return
+            self._calls.append((self.agents.on(syncer_node).kill.remote([syncer_pid]), request, syncer_node))
+            self._sent = True
+            return
+        view = live.get(i) if isinstance(i, int) else None
+        if view is None:
+            self._ignore(request, f"learner {i} is not live")
+            return
+        pid, node = view.get("pid"), view.get("node_id")
+        if pid is None or request.get("pid") not in (None, pid):
+            self._ignore(request, f"learner {i} is not the process chaos saw (pid {pid} now)")
+            return
+        if node is None:
+            self._ignore(request, f"learner {i} has not reported its node yet")
+            return
+        agent = self.agents.on(node)
+        if op == "kill":
+            ref = agent.kill.remote([pid])
+        elif op == "stall":
+            ref = agent.stall.remote(pid, float(request.get("duration_s") or 10.0))
+        else:  # kill_node: every live learner on that node, at once
+            victims = sorted(j for j, v in live.items() if v.get("node_id") == node and v.get("pid"))
+            self.chaos.note_victims("kill_node", victims, float(request.get("t") or time.time()))
+            pids = [live[j]["pid"] for j in victims]
+            ref = agent.kill.remote(pids)
+            self.rundir.event("node_killed", node_id=node, node=view.get("node"), learners=victims, pids=pids)
+        self._calls.append((ref, request, node))
+        self._sent = self._sent or op != "stall"
+
+    def take_sent(self) -> bool:
+        """Whether a kill went out since the last call: its death shows within milliseconds, so the
+        driver looks again soon instead of a whole tick later."""
+        sent, self._sent = self._sent, False
+        return sent
+
+    def check(self) -> None:
+        """Record the signals the agents could not send."""
+        pending = []
+        for ref, request, node in self._calls:
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                pending.append((ref, request, node))
+                continue
+            try:
+                answer = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # the agent died: its node is gone, or going
+                self.agents.forget(node)
+                answer = [f"the agent on node {node[:8]} failed: {str(exc).splitlines()[0]}"]
+            errors = [answer] if isinstance(answer, str) else list(answer or [])
+            if errors:
+                self._ignore(request, "; ".join(errors))
+        self._calls = pending
+
+    def _ignore(self, request: dict[str, Any], reason: str) -> None:
+        self.rundir.event("control_ignored", request=request, reason=reason)
+        self.chaos.outcome(str(request.get("op")), request.get("learner"), "not_carried_out", detail=reason)

@@ -1,0 +1,68 @@
+"""The driver's side of chaos's signals: each request reaches the agent on the right node, for the
+process chaos saw, and a lost node takes every live learner on it. No Ray: the agents are fakes that
+record what they were asked (the agent itself is tested on real processes in test_chaos_target)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from dlc.engine.agent import Signals
+from dlc.engine.control import ChaosLog
+
+
+class FakeAgents:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def on(self, node: str) -> Any:
+        def method(name: str) -> Any:
+            return SimpleNamespace(remote=lambda *args: self.calls.append((node, name, args)))
+
+        return SimpleNamespace(kill=method("kill"), stall=method("stall"))
+
+
+def _signals(tmp_path: Path) -> tuple[Signals, FakeAgents, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    rundir = SimpleNamespace(path=tmp_path, event=lambda kind, **f: events.append({"kind": kind, **f}))
+    agents = FakeAgents()
+    return Signals(rundir, ChaosLog(rundir), agents), agents, events  # type: ignore[arg-type]
+
+
+LIVE = {
+    0: {"pid": 100, "node_id": "a", "node": "10.0.0.1"},
+    1: {"pid": 101, "node_id": "b", "node": "10.0.0.2"},
+    2: {"pid": 102, "node_id": "a", "node": "10.0.0.1"},
+}
+
+
+def test_each_signal_goes_to_the_agent_on_its_targets_node(tmp_path: Path):
+    signals, agents, events = _signals(tmp_path)
+    signals.carry_out({"op": "kill", "learner": 1, "pid": 101}, LIVE, 900, "a")
+    signals.carry_out({"op": "stall", "learner": 2, "pid": 102, "duration_s": 8.0}, LIVE, 900, "a")
+    signals.carry_out({"op": "kill_node", "learner": 2, "node": "a", "t": 5.0}, LIVE, 900, "a")
+    signals.carry_out({"op": "kill_syncer", "learner": None, "pid": 900}, LIVE, 900, "a")
+    assert agents.calls == [
+        ("b", "kill", ([101],)),
+        ("a", "stall", (102, 8.0)),
+        ("a", "kill", ([100, 102],)),  # every live learner on node a, at once
+        ("a", "kill", ([900],)),  # the syncer, on the driver's node
+    ]
+    killed = {"kind": "node_killed", "node_id": "a", "node": "10.0.0.1", "learners": [0, 2], "pids": [100, 102]}
+    assert events == [killed]
+    # Their deaths are the lost node's in chaos.jsonl's outcomes, unless a later kill named them.
+    assert [signals.chaos.death_fault(i) for i in (0, 1, 2)] == ["kill_node", "kill", "kill_node"]
+
+
+def test_a_request_for_a_process_that_is_gone_or_replaced_is_not_carried_out(tmp_path: Path):
+    signals, agents, events = _signals(tmp_path)
+    signals.carry_out({"op": "kill", "learner": 1, "pid": 77}, LIVE, 900, "a")  # restarted since chaos looked
+    signals.carry_out({"op": "stall", "learner": 5, "pid": 105, "duration_s": 1.0}, LIVE, 900, "a")
+    signals.carry_out({"op": "kill_syncer", "learner": None, "pid": 899}, LIVE, 900, "a")
+    assert agents.calls == []
+    assert [e["reason"] for e in events] == [
+        "learner 1 is not the process chaos saw (pid 101 now)",
+        "learner 5 is not live",
+        "the syncer is not the process chaos saw (pid 900 now)",
+    ]

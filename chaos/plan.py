@@ -50,7 +50,7 @@ _ALIASES = {
 class TimelineEntry(BaseModel):
     """One fault at a fixed time: `- {at_s: 30, fault: kill, learner: 2}`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # an infinite rate would fire forever at once
 
     at_s: float = Field(..., ge=0, description="When to inject it, in seconds after the chaos clock starts.")
     fault: FaultKind = Field(
@@ -117,7 +117,7 @@ class TimelineEntry(BaseModel):
 class Plan(BaseModel):
     """What to inject and the guardrails around it. Rates are Poisson rates, seeded by `seed`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # an infinite rate would fire forever at once
 
     description: str = Field("", description="What this plan does, in a sentence (printed when it starts).")
     seed: int = Field(

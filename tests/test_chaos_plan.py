@@ -54,6 +54,7 @@ def _tl(**entry: Any) -> dict[str, Any]:
     [
         ({"kill_rate": 1}, "unknown key kill_rate: did you mean kill_per_learner_per_min?"),
         ({"warmup_sec": 1}, "unknown key warmup_sec: did you mean warmup_s?"),
+        ({"kill_per_learner_per_min": float("inf")}, "kill_per_learner_per_min=inf: Input should be a finite number"),
         (_tl(at_s=1, fault="kill", lerner=0), "unknown key timeline[0].lerner: did you mean learner?"),
         (_tl(at_s=1, fault="kil", learner=0), "timeline[0].fault: 'kil' is not a fault kind: did you mean kill?"),
         (_tl(at_s=1, fault="kill"), "timeline[0]: kill needs a learner: add learner: N"),

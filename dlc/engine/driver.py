@@ -253,7 +253,7 @@ class Driver:
                 **device_infos[i],
             )
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
-        self.supervisor.keep_spares()  # after the learners, which come first for CPUs and compile time
+        self.supervisor.spares.keep()  # after the learners, which come first for CPUs and compile time
 
     def _release(self) -> None:
         """Give back the placement group and the node agents (before the cluster goes, if it is ours)."""
@@ -440,7 +440,7 @@ class Driver:
             eval_initial=self.evals.initial,
             eval_loss=self.evals.loss,
             eval_bpb=self.evals.bpb,
-            spares=self.supervisor.spare_rows() if hasattr(self, "supervisor") else [],
+            spares=self.supervisor.spares.rows() if hasattr(self, "supervisor") else [],
         )
 
     def _snapshot(self, run_state: str) -> dict[str, Any]:

@@ -11,10 +11,8 @@ and the observed outcome of each chaos fault goes to chaos.jsonl.
 Chaos's kills, stalls and lost nodes arrive as requests (control.jsonl) and are carried out by the
 agent on the target's node (`dlc.engine.agent`), which signals the process there.
 
-With `learners.spares: N`, N hot spares (learner processes started and compiled, idle, with no
-data) wait beside the learners: a dead learner's slot is taken over by a ready spare, which skips
-the process start and the compilation, and a new spare is started behind it. Their idle time is
-filed apart in the ledger (`spare_s`): reserved, not allocated to any learner.
+With `learners.spares: N`, N hot spares (`dlc.engine.spares`) wait beside the learners: a dead
+learner's slot is taken over by a ready spare, which skips the process start and the compilation.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import ray
 from dlc.config.schema import Recipe
 from dlc.engine.agent import Agents, Signals
 from dlc.engine.control import ChaosLog
-from dlc.engine.devices import same_setup
+from dlc.engine.spares import SparePool
 from dlc.errors import UserError
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.files import HEALTHY_STATES
@@ -53,22 +51,6 @@ class Recovery:
     spare: bool = False  # a hot spare took the slot over
     data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
     attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
-
-
-@dataclass
-class Spare:
-    """A hot spare: a learner process started and compiled, waiting for a slot."""
-
-    name: str
-    actor: Any
-    requested_at: float  # wall time its process was asked for
-    view: dict[str, Any] = field(default_factory=dict)
-    poll: Any = None
-    ticked_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def ready(self) -> bool:
-        return self.view.get("phase") == "ready"
 
 
 @dataclass
@@ -107,11 +89,9 @@ class Supervisor:
         self.rundir = rundir
         self.syncer = syncer
         self.make_learner = make_learner  # (index, stream_ref, incarnation) -> actor handle
-        self.make_spare = make_spare  # (requested_at) -> actor handle of a new hot spare
         self.slots: dict[int, LearnerSlot] = {}
         self.join_streams = list(join_streams)  # ObjectRefs of streams no learner has read
-        self.spares: list[Spare] = []
-        self.spares_started = 0
+        self.spares = SparePool(recipe, rundir, make_spare)
         self.restarts: Counter[int] = Counter()
         self.dead_tokens: Counter[int] = Counter()  # tokens trained by incarnations that died
         self.ledger = Ledger()
@@ -166,72 +146,14 @@ class Supervisor:
         for request in self.chaos.requests():
             self._carry_out(request)
         self._poll(absorb, now)
-        self._poll_spares()
+        self.spares.poll()
+        self.failure = self.failure or self.spares.failure
         self._advance_recoveries()
         self.signals.check()
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
                 self._carry_out({"op": "leave", "learner": i})
         self.file_time()
-
-    # -- hot spares --------------------------------------------------------------------------
-
-    def keep_spares(self) -> None:
-        """Start spares until `learners.spares` are started or starting."""
-        while self.make_spare is not None and len(self.spares) < self.recipe.learners.spares:
-            name = f"s{self.spares_started}"
-            self.spares_started += 1
-            requested = time.time()
-            self.spares.append(Spare(name, self.make_spare(requested), requested, view={"phase": "starting process"}))
-            self.rundir.event("spare_started", spare=name)
-
-    def _poll_spares(self) -> None:
-        for spare in list(self.spares):
-            if spare.poll is None:
-                spare.poll = spare.actor.poll.remote()
-            ready, _ = ray.wait([spare.poll], timeout=0)
-            if not ready:
-                continue
-            ref, spare.poll = spare.poll, None
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self.spares.remove(spare)
-                self.rundir.event("spare_died", spare=spare.name)
-                continue
-            was_ready, spare.view = spare.ready, result["snapshot"]
-            if result["error"]:
-                self.failure = f"hot spare {spare.name} failed:\n{result['error']}"
-            if spare.ready and not was_ready:
-                self.rundir.event(
-                    "spare_ready",
-                    spare=spare.name,
-                    after_s=round(time.time() - spare.requested_at, 3),
-                    device=spare.view.get("device"),
-                    **spare.view["startup"],
-                )
-        self.keep_spares()
-
-    def spare_rows(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": s.name,
-                "state": "spare",
-                "phase": s.view.get("phase"),
-                "startup": s.view.get("startup", {}),
-                "device": s.view.get("device"),
-            }
-            for s in self.spares
-        ]
-
-    def _take_spare(self, index: int) -> Spare | None:
-        """The readiest spare (compiled first), taken out of the pool; None if there is none, or if
-        learner `index` runs elsewhere than the spares (another device or share: a new process)."""
-        if not self.spares or not same_setup(self.recipe, index, None):
-            return None
-        spare = max(self.spares, key=lambda s: s.ready)
-        self.spares.remove(spare)
-        return spare
 
     def forgive_silence(self) -> None:
         """After the driver itself was busy (a syncer restart), no learner has been silent."""
@@ -255,9 +177,7 @@ class Supervisor:
                     dt -= blocked
             self.ledger.tick(i, state, dt)
             slot.ticked_at = now
-        for spare in self.spares:
-            self.ledger.reserve(now - spare.ticked_at)
-            spare.ticked_at = now
+        self.spares.file_time(self.ledger, now)
 
     def _poll(self, absorb: Any, now: float) -> None:
         timeout = self.recipe.syncer.heartbeat_timeout_s
@@ -337,7 +257,7 @@ class Supervisor:
         self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
         self.syncer.leave.remote(i)
         incarnation = self.restarts[i] + 1
-        spare = self._take_spare(i)
+        spare = self.spares.take(i)
         lost = self.feasible(i) if spare is None and self.feasible is not None else None
         if lost is not None:
             self._retire(i, lost, fault)
@@ -349,7 +269,7 @@ class Supervisor:
             )
             slot.view["phase"] = f"spare {spare.name} taking over"
             self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
-            self.keep_spares()
+            self.spares.keep()
         else:
             actor = self.make_learner(i, slot.stream, incarnation)
             slot.recovery = Recovery(
@@ -521,7 +441,5 @@ class Supervisor:
                 for actor in (slot.handle, slot.recovery.actor if slot.recovery else None):
                     if actor is not None:
                         ray.kill(actor)
-        for spare in self.spares:  # idle processes: nothing to save
-            ray.kill(spare.actor)
-        self.spares.clear()
+        self.spares.stop()
         return out

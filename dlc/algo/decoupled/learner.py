@@ -385,27 +385,26 @@ class DecoupledLearnerSync:
         would make its first push `global - own`: a push that undoes every merge since its
         checkpoint. It keeps its AdamW state, step and data position.
         """
-        for p, fragment in enumerate(fragments):
-            self.scatter(p, np.asarray(fragment, dtype=np.float32))
         anchors = [np.asarray(f, dtype=np.float32).copy() for f in fragments]
-        self.anchors = [self.ops.to_device(p, a) for p, a in enumerate(anchors)]
-        self.versions = list(versions)
-        self.steps_since = [0] * self.plan.num_fragments
-        self.tokens_since = [0] * self.plan.num_fragments
-        self.sent.clear()
-        self.waiting.clear()
+        for p, fragment in enumerate(anchors):
+            self.scatter(p, fragment)
+        self._start_from(anchors, versions)
         self._hold_known(anchors)
 
     resume_from_global = adopt_global
 
     def adopt_peer(self, fragments: list[np.ndarray], versions: list[int]) -> None:
         """After copying a peer's parameters: anchors are those parameters, at the peer's versions."""
-        self.anchors = [self.ops.to_device(p, f) for p, f in enumerate(fragments)]
+        self._start_from(fragments, versions)
+        with self._lock:
+            self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
+            self.parked.clear()
+
+    def _start_from(self, anchors: list[np.ndarray], versions: list[int]) -> None:
+        """Anchors and versions from here on, nothing sent or waiting, no progress counted yet."""
+        self.anchors = [self.ops.to_device(p, a) for p, a in enumerate(anchors)]
         self.versions = list(versions)
         self.steps_since = [0] * self.plan.num_fragments
         self.tokens_since = [0] * self.plan.num_fragments
         self.sent.clear()
         self.waiting.clear()
-        with self._lock:
-            self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
-            self.parked.clear()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pickle
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,7 +27,7 @@ import pytest
 from dlc.config.load import dump_recipe, load_recipe
 from dlc.errors import UserError
 from dlc.run.files import CHECKPOINT_DIR, syncer_journal_path
-from tests.helpers import REPO, TINY, assert_user_error, invoke, marked_storage, snapshot
+from tests.helpers import REPO, TINY, assert_user_error, invoke, marked_storage, run_cli, snapshot
 
 GIB = 2**30
 
@@ -36,13 +37,14 @@ class ReachedCluster(Exception):
 
 
 @pytest.fixture(autouse=True)
-def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     import dlc.engine.cluster
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise ReachedCluster
 
-    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", refuse)
+    if "real_cluster" not in request.keywords:  # the cases about the cluster itself start one
+        monkeypatch.setattr(dlc.engine.cluster, "start_cluster", refuse)
     monkeypatch.chdir(REPO)
 
 
@@ -338,6 +340,41 @@ def test_a_healthy_run_directory_passes_every_check(damage, run_copy, corpus):
     result = invoke("train", str(TINY), *train_overrides(corpus, run_copy))
     assert isinstance(result.exception, ReachedCluster), result.stderr
     assert snapshot(run_copy) == before  # the run had not started: nothing was written yet
+
+
+# Resources the cluster does not have: each refused within seconds (Ray would wait forever for them),
+# naming the resource and the fix, before the run directory changes. (case, overrides, fragments)
+CLUSTER_CASES: list[Any] = [
+    pytest.param(
+        ["cluster.address=127.0.0.1:1"], ["cannot reach the Ray cluster", "127.0.0.1:1"], id="address-nobody-answers"
+    ),
+    pytest.param(["cluster.num_cpus=3"], ["cluster.num_cpus=3", "reserves 5 CPUs"], id="cpus-fewer-than-reserved"),
+    pytest.param(
+        ["learners.num_gpus=1"],
+        ["reserves 2 GPUs (2 learners x 1) but the Ray cluster has 0", "learners.num_gpus=0"],
+        marks=pytest.mark.slow,  # an embedded cluster starts (seconds)
+        id="gpus-where-none-exist",
+    ),
+    pytest.param(
+        ["learners.overrides=[{index: 1, resources: {node_b: 1}}]"],
+        ["learner 1 asks for CPU 1, node_b 1, which no node of the cluster has"],
+        marks=pytest.mark.slow,
+        id="a-learner-no-node-can-hold",
+    ),
+]
+
+
+@pytest.mark.real_cluster
+@pytest.mark.parametrize(("overrides", "fragments"), CLUSTER_CASES)
+def test_resources_the_cluster_lacks_are_refused_in_seconds(overrides, fragments, run_copy, corpus, request):
+    before = snapshot(run_copy)
+    args = ("train", str(TINY), *train_overrides(corpus, run_copy), *overrides)
+    started = time.monotonic()
+    # A cluster that starts forks Ray's processes: in a fresh interpreter, not this one (JAX runs here).
+    result = run_cli(*args, timeout=120) if "slow" in request.keywords else invoke(*args)
+    assert_user_error(result, *fragments)
+    assert time.monotonic() - started < 60  # not a wait for resources that never come
+    assert snapshot(run_copy) == before
 
 
 def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_starts(run_copy, corpus, tmp_path):

@@ -316,8 +316,12 @@ def _without_placement(recipe: dict[str, Any]) -> dict[str, Any]:
         return recipe
     kept = {k: v for k, v in learners.items() if k not in _PLACEMENT_KEYS}
     if isinstance(kept.get("overrides"), list):
-        kept["overrides"] = [
-            {k: v for k, v in o.items() if k not in _PLACEMENT_KEYS} if isinstance(o, dict) else o
-            for o in kept["overrides"]
-        ]
+        overrides = []
+        for o in kept["overrides"]:
+            if isinstance(o, dict):  # what is left of a learner's override once placement is set aside
+                o = {k: v for k, v in o.items() if k not in _PLACEMENT_KEYS and v is not None}
+                if set(o) <= {"index"}:
+                    continue
+            overrides.append(o)
+        kept["overrides"] = overrides
     return {**recipe, "learners": kept}

@@ -183,7 +183,9 @@ def test_truncated_and_corrupt_files_never_crash(tmp_path):
 
 
 def _state(screen: str, learner: int) -> str | None:
-    return next((line.split()[1] for line in screen.splitlines() if line.split()[:1] == [str(learner)]), None)
+    """The state word of a learner's row; a starting learner's phase follows it ("restarting: ...")."""
+    rows = (line.split() for line in screen.splitlines())
+    return next((cells[1].rstrip(":") for cells in rows if cells[:1] == [str(learner)] and len(cells) > 1), None)
 
 
 def _screen(session: str) -> str:

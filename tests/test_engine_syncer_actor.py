@@ -104,3 +104,69 @@ def test_a_restarted_syncer_sends_every_live_learner_the_current_fragments(tmp_p
     assert (message.fragment, message.version, message.base_version) == (0, 2, None)
     np.testing.assert_array_equal(get_codec("none").decode(message.payload), second.syncer.global_fragments()[0])
     second.close()
+
+
+def send(w, fragment, seq, base, scale=1.0, finite=True):
+    """A push as it arrives, its fragment's round not asked for (it waits there, or closes nothing)."""
+    delta = np.full(w.syncer.plan.size(fragment), scale * 1e-3 if finite else np.nan, np.float32)
+    w.push(Push(0, fragment, base, 4, 400, seq, get_codec("none").encode(delta), sent_at=0.0))
+    return w.syncer.drain_events()[-1]
+
+
+def test_a_restarted_syncer_refuses_every_part_of_a_round_its_predecessor_merged(tmp_path):
+    # Seq 0 (anchor v0) makes v1. Before learner 0 adopts v1 it is asked again and pushes from
+    # the same anchor (seq 1: cumulative, netted); it adopts v1 and pushes from there (seq 2). Seqs
+    # 1 and 2, parts from two anchors, are merged in one round (v2), and the syncer dies before
+    # anyone hears of v2: the learner re-sends both. Neither may be merged again.
+    first = worker(tmp_path)
+    theta0 = first.syncer.global_fragments()[0]
+    push(first, 0, seq=0, base=0)
+    assert send(first, 0, seq=1, base=0, scale=2)["kind"] == "push_accepted"
+    assert send(first, 0, seq=2, base=1)["kind"] == "push_accepted"
+    first.syncer.flush()
+    (closed,) = [e for e in first.syncer.drain_events() if e["kind"] == "round_closed"]
+    assert closed["merged"] == [[0, 1], [0, 2]] and closed["seqs"] == [2]
+    v2 = first.syncer.global_fragments()[0]
+    np.testing.assert_allclose(v2, theta0 - 3e-3, atol=1e-7)  # d (seq 0) + d (seq 1 net of 0) + d (seq 2)
+    first.close()
+
+    second = worker(tmp_path)
+    second.restore()
+    for seq, base, scale in ((1, 0, 2), (2, 1, 1)):
+        event = send(second, 0, seq=seq, base=base, scale=scale)
+        assert (event["kind"], event.get("reason")) == ("push_rejected", "duplicate"), event
+    assert second.syncer.flush() == 0
+    np.testing.assert_array_equal(second.syncer.global_fragments()[0], v2)
+    assert second.next_seqs() == {0: 3}  # where a learner resumed after a hard stop numbers from
+    second.close()
+
+
+def test_a_push_still_waiting_when_the_syncer_died_is_taken_by_the_next(tmp_path):
+    # Seq 0 (fragment 0) waits in its round; seq 1 (fragment 1) is merged first. Seq 0 was never
+    # merged: re-sent to a restarted syncer, it must be taken, though a lower seq than a merged one.
+    first = worker(tmp_path)
+    assert send(first, 0, seq=0, base=0)["kind"] == "push_accepted"
+    push(first, 1, seq=1, base=0)
+    assert first.syncer.versions() == [0, 1]
+    first.close()
+
+    second = worker(tmp_path)
+    second.restore()
+    assert send(second, 0, seq=0, base=0)["kind"] == "push_accepted"
+    assert second.syncer.flush() == 1 and second.syncer.versions() == [1, 1]
+    second.close()
+
+
+def test_a_push_refused_before_a_syncer_restart_stays_refused(tmp_path):
+    # A refused push stays in its learner's list of unacknowledged pushes and is re-sent after a
+    # syncer restart: the new syncer must not judge it again (a norm-outlier guard starts empty).
+    first = worker(tmp_path)
+    assert send(first, 0, seq=0, base=0, finite=False)["reason"] == "nonfinite"
+    push(first, 1, seq=1, base=0)  # a round closes after it: its record carries the settled seqs
+    first.close()
+
+    second = worker(tmp_path)
+    second.restore()
+    event = send(second, 0, seq=0, base=0, finite=False)
+    assert (event["kind"], event["reason"]) == ("push_rejected", "duplicate")
+    second.close()

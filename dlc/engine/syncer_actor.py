@@ -98,7 +98,8 @@ class SyncerWorker:
             try:
                 replayed += self.syncer.replay(record)
             except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-                detail = f"a round of fragment {record['fragment']} cannot be replayed: {type(exc).__name__}"
+                what = f"a round of fragment {record['fragment']}" if "fragment" in record else "its merge history"
+                detail = f"{what} cannot be replayed: {type(exc).__name__}"
                 raise UserError(damaged(self.journal.path, detail)) from None
             if "event" in record:
                 self._round_events.append(record["event"])
@@ -172,6 +173,11 @@ class SyncerWorker:
         self.checkpointer.save(step, tree, meta)
         self.journal.drop_previous()
         self._last_save = time.monotonic()
+
+    def next_seqs(self) -> dict[int, int]:
+        """Per learner, the lowest seq above every one seen (restored with the syncer's state)."""
+        with self.lock:
+            return self.syncer.next_seqs()
 
     def global_fragments(self) -> tuple[list[np.ndarray], list[int]]:
         with self.lock:

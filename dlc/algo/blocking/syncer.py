@@ -298,6 +298,9 @@ class BarrierSyncer(GlobalFragments):
     def versions(self) -> list[int]:
         return [self.version]
 
+    def next_seqs(self) -> dict[int, int]:
+        return {}  # rounds are barriers: a resumed learner's seqs are never compared with earlier ones
+
     def status(self) -> dict[str, Any]:
         now = self.clock()
         return {

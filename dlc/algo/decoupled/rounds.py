@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dlc.algo.decoupled.guards import GraceWindow, NormOutlier, quorum_needed
-from dlc.algo.decoupled.messages import Push
+from dlc.algo.decoupled.messages import SEQ_STRIDE, Push
 from dlc.core.codec import Encoded, get_codec
 
 
@@ -163,8 +163,8 @@ class _SeqLog:
     per-sender order, like Ray actor calls, never deliver one).
     """
 
-    def __init__(self, first: int) -> None:
-        self.floor = first - 1
+    def __init__(self, first: int, floor: int | None = None) -> None:
+        self.floor = first - 1 if floor is None else floor
         self.above: set[int] = set()
         self.last = first
 
@@ -254,12 +254,27 @@ class RoundBook:
         log = self._seqs.get(learner)
         return None if log is None else log.last
 
-    def remember(self, learner: int, seq: int) -> None:
-        """Mark (learner, seq) as seen: a restarted syncer replaying what it merged before."""
-        log = self._seqs.get(learner)
-        if log is None:
-            log = self._seqs[learner] = _SeqLog(seq)
-        log.add(seq)
+    def next_seqs(self) -> dict[int, int]:
+        """Per learner, the lowest seq above every one seen."""
+        return {learner: log.last + 1 for learner, log in self._seqs.items()}
+
+    def restore_seen(self, learner: int, seqs: Sequence[int], complete: bool) -> None:
+        """A restarted syncer learns the seqs its predecessor settled (merged, or refused for good).
+
+        Only those are seen: a push that was still waiting in an open round when the syncer died
+        is re-sent and must be taken, whatever its seq. Seqs of an earlier incarnation of the
+        learner are all seen (their process is gone); so are the seqs below the oldest one kept
+        when `seqs` is not `complete` (the list was cut to its newest: older pushes are stale).
+        """
+        if not seqs:
+            return
+        incarnation = max(seqs) // SEQ_STRIDE
+        current = sorted(s for s in seqs if s // SEQ_STRIDE == incarnation)
+        cut = not complete and len(current) == len(seqs)
+        log = _SeqLog(current[0], floor=current[0] - 1 if cut else incarnation * SEQ_STRIDE - 1)
+        for seq in current:
+            log.add(seq)
+        self._seqs[learner] = log
 
     def forget_learner(self, learner: int) -> None:
         """Drop the seq history of a learner restarted as a new process (its seqs may start again).

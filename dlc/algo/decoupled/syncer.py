@@ -14,14 +14,14 @@ tests drive it with a fake clock. Every decision is reported as an event for the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from dlc.algo.decoupled.guards import GraceWindow
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
-from dlc.algo.decoupled.rounds import RoundBook, RoundResult
+from dlc.algo.decoupled.rounds import Reject, RoundBook, RoundResult
 from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
 from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
@@ -93,7 +93,9 @@ class DecoupledSyncer(GlobalFragments):
         self.last_push_at: dict[int, float] = {}
         self.events: list[dict[str, Any]] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
-        self.merged_seqs: dict[int, list[int]] = {}  # recent merged seqs per learner, for restarts
+        # Recent seqs per learner that are settled, merged (every push folded in, superseded parts
+        # too) or refused for good: a restarted syncer must refuse them when they are re-sent.
+        self.settled_seqs: dict[int, list[int]] = {}
         # Downlink by difference: what the learners hold of each fragment (the global value as
         # sent, compression error included) and the version each learner was last sent.
         self.held = [t.copy() for t in self.theta] if self.diff_down else []
@@ -183,6 +185,9 @@ class DecoupledSyncer(GlobalFragments):
         }
         if verdict.accepted:
             self.accepted += 1
+        elif verdict.reason != Reject.DUPLICATE:  # (a duplicate's first copy settles it)
+            self._settle(push.learner, [push.seq])
+        if verdict.accepted:
             self.events.append(
                 {
                     "kind": "push_accepted",
@@ -249,7 +254,8 @@ class DecoupledSyncer(GlobalFragments):
         self.rounds_closed += 1
         self.contributions += len(result.learners)
         self.contributed.update(result.learners)
-        self._remember_merged(pairs)
+        for learner, seqs in zip(result.learners, result.merged_seqs, strict=True):
+            self._settle(learner, seqs)
         event = {
             "kind": "round_closed",
             "fragment": p,
@@ -309,13 +315,14 @@ class DecoupledSyncer(GlobalFragments):
             self.synced[(learner, p)] = version
             self.bytes_down += self.deliver(learner, message)
 
-    def _remember_merged(self, pairs: tuple[tuple[int, int], ...]) -> None:
+    def _keep_seqs(self) -> int:
         # Enough history to recognise a re-sent push: a push older than this would be stale.
-        keep = 4 * self.plan.num_fragments * (self.cfg.max_staleness + 1)
-        for learner, seq in pairs:
-            seqs = self.merged_seqs.setdefault(learner, [])
-            seqs.append(seq)
-            del seqs[:-keep]
+        return 4 * self.plan.num_fragments * (self.cfg.max_staleness + 1)
+
+    def _settle(self, learner: int, seqs: Sequence[int]) -> None:
+        settled = self.settled_seqs.setdefault(learner, [])
+        settled.extend(seqs)
+        del settled[: -self._keep_seqs()]
 
     def _counters(self) -> dict[str, Any]:
         return {
@@ -326,7 +333,7 @@ class DecoupledSyncer(GlobalFragments):
             "accepted": self.accepted,
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
             "contributed": {str(k): v for k, v in self.contributed.items()},
-            "merged_seqs": {str(k): v for k, v in self.merged_seqs.items()},
+            "settled_seqs": {str(k): v for k, v in self.settled_seqs.items()},
             "schedule": self.schedule.state(),
         }
 
@@ -366,10 +373,9 @@ class DecoupledSyncer(GlobalFragments):
             counters["accepted"],
         )
         self.contributed = Counter({int(k): v for k, v in counters["contributed"].items()})
-        self.merged_seqs = {int(k): list(v) for k, v in counters.get("merged_seqs", {}).items()}
-        for learner, seqs in self.merged_seqs.items():
-            for seq in seqs:
-                self.book.remember(learner, seq)
+        self.settled_seqs = {int(k): list(v) for k, v in counters.get("settled_seqs", {}).items()}
+        for learner, seqs in self.settled_seqs.items():
+            self.book.restore_seen(learner, seqs, complete=len(seqs) < self._keep_seqs())
         self.schedule.load(counters.get("schedule", {}))
         # What the learners hold is unknown after a restart: each gets the next value whole.
         self.synced.clear()
@@ -380,6 +386,9 @@ class DecoupledSyncer(GlobalFragments):
 
     def versions(self) -> list[int]:
         return list(self.book.versions)
+
+    def next_seqs(self) -> dict[int, int]:
+        return self.book.next_seqs()
 
     def status(self) -> dict[str, Any]:
         now = self.clock()

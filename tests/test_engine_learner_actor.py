@@ -63,3 +63,50 @@ def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(t
     own = ByteStream(streams[1], recipe.learners.batch_size, recipe.learners.seq_len, position=3).next_batch()
     for got, expected in zip(rejoined.learner.stream.next_batch(), own, strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_a_learner_behind_its_previous_process_checkpoints_over_the_stale_steps(tmp_path):
+    # A restart that copied a peer behind the dead process (or started from the global model)
+    # saves at steps the dead process had saved: its checkpoints are stale, not a reason to fail.
+    recipe = load_recipe(TINY, ["learners.count=2"])
+    recipe_json = recipe.model_dump(mode="json")
+    storage = marked_storage(tmp_path)
+    stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    no_syncer = SimpleNamespace(push=Direct(lambda push: None))
+    dead = LearnerWorker(recipe_json, 0, stream, storage, no_syncer)
+    for _ in range(3):
+        dead.learner.train_step()
+        dead.save()
+    assert dead.checkpointer.latest_step() == 3
+    dead.checkpointer.close()
+
+    again = LearnerWorker(recipe_json, 0, stream, storage, no_syncer, incarnation=1)
+    again.import_global((dead.sync.peer_view()), data_position=3, step=2)
+    assert again.learner.step == 2  # where the dead process had got to, not step 0
+    again.save()  # step 2 exists: overwritten; step 3 is stale: removed
+    assert again.checkpointer.latest_step() == 2
+    again.checkpointer.close()
+
+
+def test_a_resumed_learner_numbers_its_pushes_above_every_seq_the_syncer_saw(tmp_path):
+    # After a hard stop the learner's checkpoint is older than the syncer's state: its seqs from
+    # the checkpoint were already seen (they would be refused as duplicates). It goes on from the
+    # syncer's next seq, in the incarnation that seq belongs to, so a later restart numbers above it.
+    recipe = load_recipe(TINY, ["learners.count=2", "syncer.fragments=2"])
+    recipe_json = recipe.model_dump(mode="json")
+    storage = marked_storage(tmp_path)
+    stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    no_syncer = SimpleNamespace(push=Direct(lambda push: None))
+    learner = LearnerWorker(recipe_json, 0, stream, storage, no_syncer, incarnation=1)
+    learner.learner.train_step()
+    learner.sync.seq += 5  # five pushes made
+    learner.save()
+    learner.checkpointer.close()
+
+    resumed = LearnerWorker(recipe_json, 0, stream, storage, no_syncer)
+    where = resumed.restore(next_seq=1_000_000_009)
+    assert resumed.sync.seq == 1_000_000_009 and where["incarnation"] == resumed.sync.incarnation == 1
+    resumed.checkpointer.close()
+    behind = LearnerWorker(recipe_json, 0, stream, storage, no_syncer)
+    assert behind.restore(next_seq=3)["incarnation"] == 1 and behind.sync.seq == 1_000_000_005  # its own is higher
+    behind.checkpointer.close()

@@ -143,13 +143,18 @@ class Driver:
                         refused={k.name.lower(): v for k, v in report.refused.items()},
                         stopped_because=report.stopped_because,
                     )
-                status, exit_code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
+                ending, code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
                 if self.failure:
-                    status, exit_code = "failed", 1
-                self.view.message(f"{status}: stopping learners, merging what they have not pushed")
+                    ending, code = "failed", 1
+                self.view.message(f"{ending}: stopping learners, merging what they have not pushed")
                 self._finish()
+                # Only once everything is merged and saved (the syncer may die while the run ends).
+                status, exit_code = ("failed", 1) if self.failure else (ending, code)
         except KeyboardInterrupt:
             status, exit_code = "interrupted", EXIT_INTERRUPTED
+        except Exception as exc:  # a UserError from inside an actor (a damaged journal at a restart): one line
+            self.failure = self.failure or str(_user_error_inside(exc)).splitlines()[0]
+            raise _user_error_inside(exc) from None
         finally:
             summary = self._summary(status)
             self.rundir.write_status(self._snapshot(status))
@@ -231,8 +236,13 @@ class Driver:
         _storage_usable([ray.get(syncer_storage), *(p["storage_error"] for p in placed)])
         for node in {driver_node, *(p["node_id"] for p in placed)}:
             self.agents.on(node)  # started now, so a chaos signal does not wait for a new process
+        resumed: dict[int, dict[str, Any]] = {}
         if self.resume:
-            for i, where in enumerate(ray.get([h.restore.remote() for h in self.learners.values()])):
+            next_seqs = ray.get(self.syncer.next_seqs.remote())
+            restores = [h.restore.remote(next_seqs.get(i, 0)) for i, h in self.learners.items()]
+            for i, where in enumerate(ray.get(restores)):
+                self.supervisor.restarts[i] = where["incarnation"]  # restarts before the stop count too
+                resumed[i] = {"step": where["step"], "data_position": where["data_position"]}
                 rundir.event("run_resumed", learner=i, **where)
                 self.view.message(
                     f"learner {i} resumed at step {where['step']} (data position {where['data_position']})"
@@ -253,6 +263,8 @@ class Driver:
                 **device_infos[i],
             )
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
+            # Where a learner that dies before its first report goes on from: its checkpoint's place.
+            self.supervisor.slots[i].view.update(resumed.get(i, {}))
         self.supervisor.spares.keep()  # after the learners, which come first for CPUs and compile time
 
     def _release(self) -> None:
@@ -315,7 +327,14 @@ class Driver:
             ref, self._syncer_poll = self._syncer_poll, None
             with contextlib.suppress(ray.exceptions.RayError):
                 self._absorb_syncer(ray.get(ref, timeout=30))
-        self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
+        try:
+            self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
+        except ray.exceptions.RayError as exc:
+            self.failure = (
+                f"the syncer died while the run was ending ({str(exc).splitlines()[0][:120]}): the learners' "
+                "last pushes may not be merged; the run's checkpoints are kept, resume it to go on"
+            )
+            return
         if self.has_global_model:
             self.evals.final(self.syncer.global_params.remote(), self._mean_step(), self._tokens())
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from dlc.algo.decoupled.messages import SEQ_STRIDE
 from dlc.config.schema import Recipe
 from dlc.core.runtime import (
     BackendError,
@@ -36,8 +37,6 @@ from dlc.engine.devices import learner_setup
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.storage import RunStorage, describe
-
-SEQ_STRIDE = 10**9
 
 
 class LearnerWorker:
@@ -175,13 +174,21 @@ class LearnerWorker:
         self.startup = {"spare": True, **self.startup}
         return os.getpid()
 
-    def restore(self) -> dict[str, Any]:
-        """Load this learner's checkpoint, if any; returns its step and data position."""
+    def restore(self, next_seq: int = 0) -> dict[str, Any]:
+        """Load this learner's checkpoint, if any; returns its step, data position and incarnation.
+
+        `next_seq` is the lowest seq the restored syncer has not seen from this learner: after a
+        hard stop its checkpoint is older than the syncer's, and a seq reused would be refused as a
+        duplicate. The incarnation is the one those seqs belong to, so a later restart numbers its
+        pushes above every earlier process's.
+        """
         if self.checkpointer.latest_step() is not None:
             tree, meta = self.checkpointer.restore(self.checkpoint_tree())
             self.learner.load_state(tree["learner"], meta)
             self.sync.load(tree["sync"], meta["sync"])
-        return {"step": self.learner.step, "data_position": self.learner.position}
+        self.sync.seq = max(self.sync.seq, next_seq)
+        self.incarnation = self.sync.incarnation = self.sync.seq // SEQ_STRIDE
+        return {"step": self.learner.step, "data_position": self.learner.position, "incarnation": self.incarnation}
 
     def checkpoint_tree(self) -> dict[str, Any]:
         return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}
@@ -404,9 +411,12 @@ class LearnerWorker:
             "copy_s": copy_s,
         }
 
-    def import_global(self, global_state: tuple[list[np.ndarray], list[int]], data_position: int) -> dict[str, Any]:
+    def import_global(
+        self, global_state: tuple[list[np.ndarray], list[int]], data_position: int, step: int = 0
+    ) -> dict[str, Any]:
         """No healthy peer: start from the syncer's global fragments with fresh AdamW state, at
-        `data_position` of this learner's own stream.
+        `data_position` of this learner's own stream and at `step`, where its previous process had
+        got to (so it does not train the run's steps all over again).
 
         `global_state` is what the syncer's `global_fragments` returns, (fragments, versions), so
         the supervisor can hand one actor's answer to the other without waiting for it.
@@ -414,6 +424,7 @@ class LearnerWorker:
         fragments, versions = global_state
         self.sync.adopt_global(fragments, versions)
         self.learner.stream.position = data_position
+        self.learner.step = step
         return {"peer": None, "step": self.learner.step, "data_position": self.learner.position}
 
     # -- slow-downs ---------------------------------------------------------------------------

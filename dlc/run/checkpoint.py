@@ -25,10 +25,19 @@ class Checkpointer:
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True),
         )
+        self._saved: int | None = None  # the step this instance last saved or restored
 
     def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
-        if self._manager.latest_step() == step:
+        """Save `tree` at `step`, the newest checkpoint from now on.
+
+        Checkpoints at `step` or later left by an earlier process of the learner (a restart that
+        copied a peer behind it, or started from the global model) describe a state that is gone:
+        they are removed first, or a resume would take the stale one for the newest.
+        """
+        if step == self._saved:
             return  # already saved at this step (an interval save just before exit)
+        for stale in [s for s in self._manager.all_steps() if s >= step]:
+            self._manager.delete(stale)
         # orbax writes into a temporary directory and renames it when complete, so a crash
         # mid-save leaves the previous checkpoint as the latest one.
         self._manager.save(
@@ -37,6 +46,7 @@ class Checkpointer:
             force=True,
         )
         self._manager.wait_until_finished()
+        self._saved = step
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -56,6 +66,7 @@ class Checkpointer:
                 f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}): pass --fresh to start "
                 "over, or choose another run.dir"
             ) from None
+        self._saved = step
         return restored["state"], dict(restored["meta"])
 
     def close(self) -> None:

@@ -3,7 +3,10 @@ filed as productive."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from ray import exceptions as ray_exceptions
 
 from dlc.config.load import load_recipe
 from dlc.engine import supervisor as supervisor_module
@@ -37,3 +40,119 @@ def test_blocked_time_of_a_training_learner_is_filed_as_waiting_and_checkpoint(r
     row = sup.ledger.summary()["learners"]["0"]
     assert (row["productive"], row["waiting"], row["checkpoint"]) == (7.0, 1.5, 2.5)
     assert row["goodput"] == pytest.approx(7.0 / 11.0, abs=1e-4)
+
+
+# -- recoveries, with the actors and Ray's calls faked -------------------------------------------
+
+
+class Ref:
+    """An object reference: answered with a value, or with an error (its actor died)."""
+
+    def __init__(self, value=None, error=None, done=True):
+        self.value, self.error, self.done = value, error, done
+
+
+class FakeRay:
+    exceptions = ray_exceptions
+
+    def __init__(self):
+        self.killed = []
+
+    def wait(self, refs, timeout=None, num_returns=1):
+        return [r for r in refs if r.done], [r for r in refs if not r.done]
+
+    def get(self, ref, timeout=None):
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+
+class Method:
+    def __init__(self, actor, name):
+        self.actor, self.name = actor, name
+
+    def remote(self, *args):
+        self.actor.calls.append((self.name, args))
+        default = {"peer": None, "step": 40} if self.name.startswith("import_") else self.actor.name
+        answer = self.actor.answers.get(self.name, Ref(default))
+        return answer() if callable(answer) else answer
+
+
+class Actor:
+    """A learner (or syncer) process: every call is recorded and answered as `answers` says."""
+
+    def __init__(self, name, **answers):
+        self.name, self.answers, self.calls = name, answers, []
+
+    def __getattr__(self, method):
+        return Method(self, method)
+
+    def called(self, method):
+        return [args for name, args in self.calls if name == method]
+
+
+def recovering(rundir, monkeypatch, syncer, new_actor, peer_state="training"):
+    """Learner 1 died at step 40, data position 37; learner 0 is its peer (or not healthy)."""
+    fake = FakeRay()
+    monkeypatch.setattr(supervisor_module, "ray", fake)
+    made = []
+
+    def make_learner(i, stream, incarnation):
+        made.append((i, incarnation))
+        return new_actor.pop(0) if isinstance(new_actor, list) else new_actor
+
+    rundir.begin()
+    sup = Supervisor(load_recipe(TINY), rundir, syncer=syncer, make_learner=make_learner, join_streams=[])
+    sup.slots[0] = LearnerSlot(handle=Actor("peer"), stream=None, view={"state": peer_state, "step": 50})
+    sup.slots[1] = LearnerSlot(handle=None, stream="s1", view={"state": "training", "step": 40, "data_position": 37})
+    sup._on_death(1)
+    return sup, fake, made
+
+
+def events(rundir):
+    return [json.loads(line) for line in (rundir.path / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_recovery_waits_out_a_syncer_that_died_while_the_learner_registered(rundir, monkeypatch):
+    dead = Actor("syncer", rejoin=Ref(error=ray_exceptions.RayActorError()))
+    learner = Actor("new")
+    sup, _, _ = recovering(rundir, monkeypatch, dead, learner)
+    sup._advance_recoveries()  # process up: copies its peer
+    sup._advance_recoveries()  # copied: registers with the syncer, which is dead
+    sup._advance_recoveries()  # no traceback: it asks again (the driver has not noticed yet)
+    assert sup.slots[1].recovery.phase == "registering" and not learner.called("start")
+    sup.syncer = alive = Actor("syncer2")  # the driver restarted the syncer
+    sup._advance_recoveries()
+    sup._advance_recoveries()
+    assert alive.called("rejoin") == [(1, learner)]
+    assert learner.called("set_syncer") == [(alive,)] and learner.called("start") == [(None, None)]
+    assert sup.slots[1].recovery is None and sup.slots[1].handle is learner
+    assert [e["kind"] for e in events(rundir)].count("learner_rejoined") == 1
+
+
+def test_a_peer_that_dies_mid_copy_costs_a_second_copy_not_a_second_process(rundir, monkeypatch):
+    learner = Actor("new", import_state=Ref(error=ray_exceptions.RayActorError()))
+    sup, fake, made = recovering(rundir, monkeypatch, Actor("syncer"), learner)
+    sup._advance_recoveries()  # process up: copies learner 0
+    assert learner.called("import_state")
+    sup.slots[0].view["state"] = "dead"  # the peer died while it was copied
+    sup._advance_recoveries()  # the copy failed; the new process still answers: copy again
+    assert made == [(1, 1)] and fake.killed == []
+    # No healthy peer left: the global model, at its previous process's step and data position.
+    ((_, position, step),) = learner.called("import_global")
+    assert (position, step) == (37, 40)
+    assert [e["kind"] for e in events(rundir)].count("state_copy_retried") == 1
+
+
+def test_a_process_that_fails_its_recovery_is_killed_before_another_starts(rundir, monkeypatch):
+    failing = Actor("first", import_state=Ref(error=ray_exceptions.RayActorError()))
+    second = Actor("second")
+    sup, fake, made = recovering(rundir, monkeypatch, Actor("syncer"), [failing, second])
+    sup._advance_recoveries()  # it comes up and copies its peer...
+    failing.answers["ready"] = Ref(error=ray_exceptions.RayActorError())  # ...and dies while copying
+    sup._advance_recoveries()
+    assert fake.killed == [failing] and made == [(1, 1), (1, 1)]
+    assert sup.slots[1].recovery.actor is second and sup.slots[1].recovery.step == 40

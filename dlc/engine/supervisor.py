@@ -40,7 +40,8 @@ MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was
 
 @dataclass
 class Recovery:
-    """A learner being brought back: restarting -> rejoining -> awaiting its first push."""
+    """A learner being brought back: restarting -> rejoining (copying state) -> registering (with
+    the syncer) -> awaiting its first push."""
 
     phase: str
     actor: Any
@@ -51,6 +52,7 @@ class Recovery:
     spare: bool = False  # a hot spare took the slot over
     data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
     attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
+    step: int = 0  # the dead process's last reported step: where a start from the global model goes on
 
 
 @dataclass
@@ -248,6 +250,7 @@ class Supervisor:
         # Its position in its own stream as last reported (every poll): what it read after that
         # died unpushed with it, so the new process reads it again rather than skipping it.
         position = int(slot.view.get("data_position") or 0)
+        step = int(slot.view.get("step") or 0)
         self.rundir.event(
             "learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"), data_position=position
         )
@@ -265,7 +268,7 @@ class Supervisor:
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
             slot.recovery = Recovery(
-                "restarting", spare.actor, ref, died_at=time.time(), spare=True, data_position=position
+                "restarting", spare.actor, ref, died_at=time.time(), spare=True, data_position=position, step=step
             )
             slot.view["phase"] = f"spare {spare.name} taking over"
             self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
@@ -273,7 +276,7 @@ class Supervisor:
         else:
             actor = self.make_learner(i, slot.stream, incarnation)
             slot.recovery = Recovery(
-                "restarting", actor, actor.ready.remote(), died_at=time.time(), data_position=position
+                "restarting", actor, actor.ready.remote(), died_at=time.time(), data_position=position, step=step
             )
         slot.override = "restarting"
         self.restarts[i] += 1
@@ -297,36 +300,7 @@ class Supervisor:
             try:
                 result = ray.get(rec.ref)
             except ray.exceptions.RayError as exc:
-                if rec.spare and rec.phase == "restarting":  # the spare died before it took over
-                    self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
-                    actor = self.make_learner(i, slot.stream, self.restarts[i])
-                    slot.recovery = Recovery(
-                        "restarting", actor, actor.ready.remote(), died_at=rec.died_at, data_position=rec.data_position
-                    )
-                    slot.view["phase"] = "starting process"
-                    continue
-                cause = getattr(exc, "cause", None)  # a backend or storage that failed: its one line
-                if isinstance(cause, UserError):
-                    self.failure, slot.recovery = f"learner {i} could not be restarted: {cause}", None
-                    continue
-                # Its new process died before it was ready: its node died under it (Ray marks a lost
-                # node dead seconds after its processes die). Try again where there is room, or retire.
-                lost = self.feasible(i) if self.feasible is not None else None
-                if lost is not None:
-                    self._retire(i, lost, slot.death_fault)
-                elif rec.attempts < MAX_RESTART_ATTEMPTS:
-                    actor = self.make_learner(i, slot.stream, self.restarts[i])
-                    slot.recovery = Recovery(
-                        "restarting",
-                        actor,
-                        actor.ready.remote(),
-                        died_at=rec.died_at,
-                        attempts=rec.attempts + 1,
-                        data_position=rec.data_position,
-                    )
-                    self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
-                else:
-                    self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
+                self._recovery_failed(i, slot, rec, exc)
                 continue
             if rec.phase == "restarting":
                 rec.restarted_at = time.time()
@@ -340,27 +314,85 @@ class Supervisor:
                 fault = slot.death_fault
                 self.chaos.outcome(fault, i, "restarted", after_s=self.chaos.since(fault, i), pid=result)
                 slot.view = {**slot.view, "pid": result}
-                peer = self._healthy_peer(exclude=i)
-                slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
-                if peer is not None:
-                    rec.peer = peer
-                    state = self.slots[peer].handle.export_state.remote()
-                    rec.ref = rec.actor.import_state.remote(state, rec.data_position)
-                else:
-                    rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote(), rec.data_position)
-                rec.phase = "rejoining"
-                slot.override = "rejoining"
+                self._copy_state(i, slot, rec)
             elif rec.phase == "rejoining":
                 self.rundir.event("learner_rejoined", learner=i, **result)
                 fault = slot.death_fault
                 self.chaos.outcome(fault, i, "state_copied", after_s=self.chaos.since(fault, i), **result)
-                ray.get(self.syncer.rejoin.remote(i, rec.actor))
+                rec.phase, rec.ref = "registering", self.syncer.rejoin.remote(i, rec.actor)
+            elif rec.phase == "registering":
                 rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
                 rec.actor.start.remote(None, None)
                 slot.handle, slot.recovery, slot.override = rec.actor, None, None
                 slot.blocked_filed = {}  # the new process counts from zero
                 slot.last_seen = time.monotonic()
                 slot.awaiting_first_push = rec.died_at
+
+    def _copy_state(self, i: int, slot: LearnerSlot, rec: Recovery) -> None:
+        """The new process copies a healthy peer's state, or the global model when none is healthy."""
+        peer = self._healthy_peer(exclude=i)
+        slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
+        rec.peer = peer
+        if peer is not None:
+            state = self.slots[peer].handle.export_state.remote()
+            rec.ref = rec.actor.import_state.remote(state, rec.data_position)
+        else:
+            rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote(), rec.data_position, rec.step)
+        rec.phase = "rejoining"
+        slot.override = "rejoining"
+
+    def _recovery_failed(self, i: int, slot: LearnerSlot, rec: Recovery, exc: Exception) -> None:
+        """A step of a recovery failed: the syncer, the peer or the new process died under it."""
+        if rec.phase == "registering" and isinstance(exc, ray.exceptions.RayActorError):
+            # The syncer died: the driver restarts it; register with the new one (this one until then).
+            rec.ref = self.syncer.rejoin.remote(i, rec.actor)
+            return
+        cause = getattr(exc, "cause", None)  # a backend or storage that failed: its one line
+        if isinstance(cause, UserError) and not rec.spare:
+            self.failure, slot.recovery = f"learner {i} could not be restarted: {cause}", None
+            return
+        if rec.phase == "rejoining" and self._alive(rec.actor):
+            # The peer (or the syncer) it copied from died mid-copy: copy from another.
+            self.rundir.event("state_copy_retried", learner=i, peer=rec.peer, error=str(exc).splitlines()[0])
+            self._copy_state(i, slot, rec)
+            return
+        ray.kill(rec.actor)  # whatever is left of it must not hold its resources
+        if rec.spare and rec.phase == "restarting":  # the spare died (or refused) before it took over
+            self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
+            self._start_again(i, slot, rec, attempts=rec.attempts)
+            return
+        # Its new process died before it was ready: its node died under it (Ray marks a lost node
+        # dead seconds after its processes die). Try again where there is room, or retire.
+        lost = self.feasible(i) if self.feasible is not None else None
+        if lost is not None:
+            self._retire(i, lost, slot.death_fault)
+        elif rec.attempts < MAX_RESTART_ATTEMPTS:
+            self._start_again(i, slot, rec, attempts=rec.attempts + 1)
+            self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
+        else:
+            self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
+
+    def _start_again(self, i: int, slot: LearnerSlot, rec: Recovery, attempts: int) -> None:
+        actor = self.make_learner(i, slot.stream, self.restarts[i])
+        slot.recovery = Recovery(
+            "restarting",
+            actor,
+            actor.ready.remote(),
+            died_at=rec.died_at,
+            attempts=attempts,
+            data_position=rec.data_position,
+            step=rec.step,
+        )
+        slot.override, slot.view["phase"] = "restarting", "starting process"
+
+    @staticmethod
+    def _alive(actor: Any) -> bool:
+        """Whether a learner process answers (waits up to 5 s: only on a failed recovery)."""
+        try:
+            ray.get(actor.ready.remote(), timeout=5)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            return False
+        return True
 
     def _healthy_peer(self, exclude: int) -> int | None:
         now = time.monotonic()

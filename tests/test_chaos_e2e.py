@@ -119,11 +119,15 @@ def test_stall_syncer_kill_learner_kill_and_resume_lose_and_double_nothing(tmp_p
     closed = [e for e in events if e["kind"] == "round_closed"]
     assert [e["fault"] for e in chaos if e["phase"] == "injected"] == ["stall", "kill_syncer", "kill"]
     # The stall: detected by silence, rounds went on without learner 1, which contributes after thawing.
-    frozen_at = next(e["t"] for e in chaos if e["fault"] == "stall" and e["phase"] == "injected")
+    injected = next(e for e in chaos if e["fault"] == "stall" and e["phase"] == "injected")
+    frozen_at = injected["t"]
     stalled = next(e for e in events if e["kind"] == "learner_stalled")
     thawed = next(e for e in events if e["kind"] == "learner_thawed")
     assert stalled["learner"] == thawed["learner"] == 1 and frozen_at < stalled["t"] < thawed["t"]
-    while_frozen = [e for e in closed if stalled["t"] + 1 < e["t"] < thawed["t"]]
+    # Frozen until SIGCONT, which comes `duration_s` after the SIGSTOP: no earlier than this. The
+    # driver notices the thaw at its next poll, after the learner may already have pushed again.
+    sigcont_at = frozen_at + injected["duration_s"]
+    while_frozen = [e for e in closed if stalled["t"] + 1 < e["t"] < min(thawed["t"], sigcont_at)]
     assert while_frozen and all(1 not in e["contributors"] for e in while_frozen)
     assert any(1 in e["contributors"] for e in closed if e["t"] > thawed["t"] + 2)
     assert summary["badput"]["stalled"] > 2

@@ -170,3 +170,12 @@ def test_a_push_refused_before_a_syncer_restart_stays_refused(tmp_path):
     event = send(second, 0, seq=0, base=0, finite=False)
     assert (event["kind"], event["reason"]) == ("push_rejected", "duplicate")
     second.close()
+
+
+def test_a_resume_from_an_older_state_logs_the_rounds_it_makes_again():
+    from dlc.engine.driver import rounds_kept
+
+    # events.jsonl holds fragment 0 up to version 5 and fragment 1 up to 2; the syncer restored
+    # from a checkpoint at versions [3, 2] (its journal moved aside): 0's versions 4 and 5 come again.
+    logged = {(0, v) for v in range(1, 6)} | {(1, 1), (1, 2), (None, None), (7, 1)}
+    assert rounds_kept(logged, [3, 2]) == {(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)}

@@ -251,6 +251,8 @@ class Driver:
         if self.has_global_model:
             self.evals.first(self.evaluator, self.syncer.global_params.remote())
         fragments, versions = ray.get(self.syncer.global_fragments.remote()) if self.resume else (None, None)
+        if versions is not None:
+            self._rounds_logged = rounds_kept(self._rounds_logged, versions)
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
@@ -479,6 +481,19 @@ class Driver:
         # Tokens trained in this run: a restarted learner copies its peer's counter, so sum the
         # learners' own counters only while they were alive (the ledger of tokens is the syncer's).
         return sum(v.get("tokens", 0) for v in self._rows())
+
+
+def rounds_kept(logged: set[tuple[Any, Any]], versions: list[int]) -> set[tuple[int, int]]:
+    """Of the (fragment, version) rounds in events.jsonl, those the restored syncer's state holds.
+
+    Rounds after its versions were lost with what it restored from (a journal moved aside): those
+    versions are made again, and their new rounds must be logged, not taken for repeats.
+    """
+    return {
+        (p, v)
+        for p, v in logged
+        if isinstance(p, int) and isinstance(v, int) and 0 <= p < len(versions) and v <= versions[p]
+    }
 
 
 def _storage_usable(errors: list[str | None]) -> None:

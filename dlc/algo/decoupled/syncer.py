@@ -185,9 +185,6 @@ class DecoupledSyncer(GlobalFragments):
         }
         if verdict.accepted:
             self.accepted += 1
-        elif verdict.reason != Reject.DUPLICATE:  # (a duplicate's first copy settles it)
-            self._settle(push.learner, [push.seq])
-        if verdict.accepted:
             self.events.append(
                 {
                     "kind": "push_accepted",
@@ -198,6 +195,8 @@ class DecoupledSyncer(GlobalFragments):
                 }
             )
         else:
+            if verdict.reason != Reject.DUPLICATE:  # refused for good (a duplicate's first copy settled it)
+                self._settle(push.learner, [push.seq])
             self.events.append(
                 {"kind": "push_rejected", **common, "reason": str(verdict.reason), "detail": verdict.detail}
             )

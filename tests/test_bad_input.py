@@ -295,6 +295,15 @@ DAMAGED_RUN_CASES: list[tuple[str, Callable[[Path], Any], list[str], list[str]]]
         ["holds 3 values of fragment 1"],
     ),
     (
+        "journal-refusal-of-no-push",
+        lambda run: journal(run).write_bytes(
+            journal(run).read_bytes()
+            + pickle.dumps({"refused": "seq 3", "reason": "stale"}, protocol=pickle.HIGHEST_PROTOCOL)
+        ),
+        [],
+        ["record 4", "names a refused push 'seq 3'"],
+    ),
+    (
         "journal-a-directory",
         lambda run: replace_with_dir(journal(run)),
         [],

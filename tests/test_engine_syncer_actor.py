@@ -172,6 +172,25 @@ def test_a_push_refused_before_a_syncer_restart_stays_refused(tmp_path):
     second.close()
 
 
+def test_a_push_refused_as_the_syncer_dies_stays_refused(tmp_path):
+    # No round closes after the refusal: the journal must hold it by itself. A norm outlier is the
+    # case that matters: the restarted syncer's guard starts empty and would take it.
+    first = worker(tmp_path)
+    for seq in range(5):  # five ordinary pushes of fragment 0: the guard knows its norms
+        push(first, 0, seq=seq, base=seq)
+    outlier = send(first, 0, seq=5, base=5, scale=1000)
+    assert (outlier["kind"], outlier["reason"]) == ("push_rejected", "norm_outlier")
+    first.close()
+
+    second = worker(tmp_path)
+    second.restore()
+    event = send(second, 0, seq=5, base=5, scale=1000)  # the learner re-sends it
+    assert (event["kind"], event["reason"]) == ("push_rejected", "duplicate")
+    assert second.syncer.flush() == 0 and second.syncer.versions() == [5, 0]
+    assert second.syncer.book.rejections == {"norm_outlier": 1, "duplicate": 1}
+    second.close()
+
+
 def test_a_resume_from_an_older_state_logs_the_rounds_it_makes_again():
     from dlc.engine.driver import rounds_kept
 

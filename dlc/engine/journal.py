@@ -1,4 +1,6 @@
-"""The syncer's journal: every round closed since the last checkpoint, appended as it closes.
+"""The syncer's journal: every round closed since the last checkpoint, appended as it closes,
+and every push refused for good, appended as it is refused (its learner re-sends it to a restarted
+syncer, which must not judge it again).
 
 A killed process loses nothing it has written (the page cache outlives it), so the last
 checkpoint plus the journal is the syncer's state at the moment of death. Each journal after a
@@ -22,10 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from dlc.algo.decoupled.rounds import Reject
 from dlc.errors import UserError
 
 # Every record starts with the pickle protocol header: a tail that does not is not a record cut short.
 _HEADER = pickle.PROTO + bytes([pickle.HIGHEST_PROTOCOL])
+# Why a push is refused for good (a duplicate is settled by its first copy): journaled at once.
+REFUSALS = frozenset(Reject) - {Reject.DUPLICATE}
 
 
 class Journal:
@@ -117,6 +122,11 @@ def record_problem(record: Any, fragment_sizes: Sequence[int] | None = None) -> 
         return f"is a {type(record).__name__}, not a round"
     if "history" in record and not isinstance(record["history"], dict):
         return f"holds a merge history that is a {type(record['history']).__name__}"
+    if "refused" in record:  # a push refused for good: (learner, seq) and why
+        pair, reason = record["refused"], record.get("reason")
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(k, int) for k in pair)):
+            return f"names a refused push {pair!r}, not (learner, seq)"
+        return None if isinstance(reason, str) and reason in REFUSALS else f"refuses a push for {reason!r}"
     if "fragment" not in record and set(record) <= {"history"}:
         return _history_problem(record.get("history", {}), fragment_sizes)
     fragment, version = record.get("fragment"), record.get("version")

@@ -98,8 +98,7 @@ class SyncerWorker:
             try:
                 replayed += self.syncer.replay(record)
             except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-                what = f"a round of fragment {record['fragment']}" if "fragment" in record else "its merge history"
-                detail = f"{what} cannot be replayed: {type(exc).__name__}"
+                detail = f"{_record_name(record)} cannot be replayed: {type(exc).__name__}"
                 raise UserError(damaged(self.journal.path, detail)) from None
             if "event" in record:
                 self._round_events.append(record["event"])
@@ -210,3 +209,9 @@ class SyncerWorker:
 
 
 SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)
+
+
+def _record_name(record: dict[str, Any]) -> str:
+    if "fragment" in record:
+        return f"a round of fragment {record['fragment']}"
+    return "a refused push" if "refused" in record else "its merge history"

@@ -197,6 +197,8 @@ class DecoupledSyncer(GlobalFragments):
         else:
             if verdict.reason != Reject.DUPLICATE:  # refused for good (a duplicate's first copy settled it)
                 self._settle(push.learner, [push.seq])
+                if self.journal is not None:  # at once: the learner re-sends it to a restarted syncer
+                    self.journal({"refused": [push.learner, push.seq], "reason": str(verdict.reason)})
             self.events.append(
                 {"kind": "push_rejected", **common, "reason": str(verdict.reason), "detail": verdict.detail}
             )
@@ -346,6 +348,14 @@ class DecoupledSyncer(GlobalFragments):
 
         Records come in the order written: a snapshot taken with a checkpoint, then the rounds
         closed after it."""
+        if "refused" in record:  # a push refused for good, maybe after the last round closed
+            learner, seq = record["refused"]
+            if seq not in self.settled_seqs.get(learner, []):
+                self._settle(learner, [seq])
+                seqs = self.settled_seqs[learner]
+                self.book.restore_seen(learner, seqs, complete=len(seqs) < self._keep_seqs())
+                self.book.rejections[Reject(record["reason"])] += 1
+            return False
         if "fragment" not in record:  # a snapshot: the state at the checkpoint it was taken with
             self.book.restore_merged_history(record["history"])
             return False

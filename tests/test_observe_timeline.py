@@ -74,3 +74,45 @@ def test_learner_states_from_the_event_log():
         Interval(1, 24.0, 27.0, "rejoining"),
         Interval(1, 27.0, 60.0, "training"),
     ]
+
+
+def test_a_learner_is_dead_from_the_kill_until_the_engine_sees_it_and_stays_dead_if_lost():
+    events = [
+        *({"t": 0.0, "kind": "learner_started", "learner": i} for i in range(4)),
+        *({"t": 5.0, "kind": "learner_training", "learner": i} for i in range(4)),
+        {"t": 10.0, "kind": "chaos", "phase": "injected", "fault": "kill", "learner": 0},
+        {"t": 10.3, "kind": "learner_died", "learner": 0},
+        {"t": 14.0, "kind": "learner_restarted", "learner": 0},
+        {"t": 15.0, "kind": "learner_training", "learner": 0},
+        {"t": 20.0, "kind": "chaos", "phase": "injected", "fault": "stall", "learner": 1},
+        {"t": 23.0, "kind": "learner_stalled", "learner": 1},  # the heartbeat timeout: still one interval
+        {"t": 30.0, "kind": "learner_thawed", "learner": 1},
+        {"t": 25.0, "kind": "chaos", "phase": "refused", "fault": "kill", "learner": 3},  # not carried out
+        {"t": 40.0, "kind": "node_killed", "node": "n2", "learners": [2, 3]},
+        {"t": 40.2, "kind": "learner_died", "learner": 2},
+        {"t": 40.2, "kind": "learner_lost", "learner": 2, "reason": "pinned to n2"},
+        {"t": 40.2, "kind": "learner_died", "learner": 3},
+        {"t": 45.0, "kind": "learner_restarted", "learner": 3},
+        {"t": 46.0, "kind": "learner_training", "learner": 3},
+    ]
+    intervals = learner_intervals(events, end=50.0)
+    states = {i: [(iv.start, iv.end, iv.state) for iv in intervals if iv.learner == i] for i in range(4)}
+    start = [(0.0, 5.0, "starting")]
+    assert states[0] == [
+        *start,
+        (5.0, 10.0, "training"),
+        (10.0, 10.3, "dead"),  # killed, not yet seen
+        (10.3, 14.0, "restarting"),
+        (14.0, 15.0, "rejoining"),
+        (15.0, 50.0, "training"),
+    ]
+    assert states[1] == [*start, (5.0, 20.0, "training"), (20.0, 30.0, "stalled"), (30.0, 50.0, "training")]
+    assert states[2] == [*start, (5.0, 40.0, "training"), (40.0, 50.0, "dead")]  # lost with its node
+    assert states[3] == [
+        *start,
+        (5.0, 40.0, "training"),
+        (40.0, 40.2, "dead"),
+        (40.2, 45.0, "restarting"),
+        (45.0, 46.0, "rejoining"),
+        (46.0, 50.0, "training"),
+    ]

@@ -252,6 +252,7 @@ STATE_COLORS = {
     "training": "tab:green",
     "slow": "yellowgreen",
     "stalled": "tab:purple",
+    "dead": "0.2",
     "restarting": "tab:red",
     "rejoining": "tab:orange",
 }
@@ -259,7 +260,7 @@ STATE_COLORS = {
 
 def plot_timeline(run: RunData, out: Path) -> Path:
     """The run's goodput over a sliding window above each learner's states: a fault as a dip, and
-    the learner it hit going from training to restarting, rejoining and training again."""
+    the learner it hit going from training to dead, restarting, rejoining and training again."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch

@@ -1,9 +1,10 @@
 """How a run went over time, from its records: goodput over a sliding window, and each learner's
-states (training, stalled, restarting, rejoining, ...) as intervals.
+states (training, stalled, dead, restarting, rejoining, ...) as intervals.
 
 The driver logs the goodput ledger's running totals (productive and allocated seconds) every
 status interval, so goodput over any window is a ratio of two differences: a fault shows as a dip
-that recovers, where the cumulative figure would barely move. The states come from events.jsonl.
+that recovers, where the cumulative figure would barely move. The states come from events.jsonl
+(the engine's records and the chaos injections it copies there).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ STATE_AFTER = {
     "learner_started": "starting",
     "learner_joining": "restarting",  # a joiner starts a process, then copies a peer like a restart
     "learner_training": "training",
-    "learner_died": "restarting",  # the process is gone; the engine starts a new one at once
+    "learner_died": "restarting",  # the engine saw the process gone and starts a new one at once
+    "learner_lost": "dead",  # no live node can hold it: not restarted
     "learner_restarted": "rejoining",  # a process is up: copying state, then its first step
     "learner_stalled": "stalled",
     "learner_thawed": "training",
@@ -26,7 +28,10 @@ STATE_AFTER = {
     "learner_left": None,
     "learner_stopped": None,
 }
-STATES = ("starting", "training", "slow", "stalled", "restarting", "rejoining")
+# Faults chaos injected (events.jsonl "chaos" records) -> the state they put their learner in at
+# once, before the engine notices (a death is seen within a second, a stall after the heartbeat timeout).
+INJECTED = {"kill": "dead", "stall": "stalled"}
+STATES = ("starting", "training", "slow", "stalled", "dead", "restarting", "rejoining")
 SYNCER = -1  # the row of the syncer, shown only while it restarts after a death
 
 
@@ -49,10 +54,15 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
     out: list[Interval] = []
 
     def switch(learner: int, t: float, state: str | None) -> None:
+        if learner in current and current[learner][1] == state:
+            return  # a stall chaos injected, then seen by the engine: one interval
         if learner in current:
             start, was = current.pop(learner)
             if t > start:
                 out.append(Interval(learner, start, t, was))
+            elif out and out[-1].learner == learner and out[-1].state == state and out[-1].end == t:
+                current[learner] = (out.pop().start, state)  # a state that lasted no time: the last goes on
+                return
         if state is not None:
             current[learner] = (t, state)
 
@@ -61,7 +71,15 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
         if kind in ("syncer_died", "syncer_restarted"):
             switch(SYNCER, t, "restarting" if kind == "syncer_died" else None)
             continue
+        if kind == "node_killed":  # every learner on one node at once
+            for victim in e.get("learners") or []:
+                switch(victim, t, "dead")
+            continue
         if not isinstance(learner, int):
+            continue
+        if kind == "chaos":
+            if e.get("phase") == "injected" and e.get("fault") in INJECTED and learner in current:
+                switch(learner, t, INJECTED[e["fault"]])
             continue
         for who, until in list(slowed.items()):  # slow-downs that ended before this event
             if until <= t:

@@ -251,17 +251,23 @@ def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
 def test_start_up_phases_and_hot_spares_show_while_live(tmp_path):
     rows = [
         learner_row(0),
-        learner_row(1, state="restarting", phase="spare s0 taking over"),
-        learner_row(2, state="starting", phase="loading compiled step"),
-        learner_row(3, state="rejoining", phase="copying state from 0"),
+        learner_row(1, state="restarting", phase="spare s0 taking over", phase_s=0.4),
+        learner_row(2, state="starting", phase="loading compiled step", phase_s=1.25),
+        learner_row(3, state="rejoining", phase="copying state from 0"),  # written before phase_s existed
     ]
-    spares = [{"id": "s1", "state": "spare", "phase": "compiling", "startup": {}}]
+    spares = [
+        {"id": "s1", "state": "spare", "phase": "compiling", "phase_s": 12.0, "startup": {}},
+        {"id": "s2", "state": "spare", "phase": "ready", "phase_s": 30.0, "startup": {}},
+    ]
     text = frame(make_run(tmp_path / "r", status(learners=rows, spares=spares)))
-    assert "restarting: spare s0 taking over" in text
-    assert "starting: loading compiled step" in text and "rejoining: copying state from 0" in text
+    # What each starting learner is doing, and for how long so far.
+    assert "restarting: spare s0 taking over 0.4s" in text
+    assert "starting: loading compiled step 1.2s" in text and "rejoining: copying state from 0 " in text
     assert row(text, 0)[1] == "training"  # a trained learner shows no phase
     spare = next(line for line in text.splitlines() if line.lstrip().startswith("s1 "))
-    assert spare.split()[:3] == ["s1", "spare:", "compiling"]
+    assert spare.split()[:4] == ["s1", "spare:", "compiling", "12.0s"]
+    ready = next(line for line in text.splitlines() if line.lstrip().startswith("s2 "))
+    assert ready.split()[:3] == ["s2", "spare:", "ready"] and "30.0s" not in ready  # waiting is not starting
     # A finished run holds no spares.
     done = frame(make_run(tmp_path / "done", status("completed", learners=rows, spares=spares), summary=summary()))
     assert "s1 " not in done
@@ -279,3 +285,28 @@ def test_the_devices_are_in_the_header_and_per_learner_on_mixed_hardware(tmp_pat
     header = next(line for line in text.splitlines() if line.startswith("id "))
     assert header.split()[-1] == "device"
     assert row(text, 0)[-4:] == ["gpu:", "H100", "80GB", "HBM3"] and row(text, 1)[-1] == "cpu"
+
+
+def test_status_json_times_each_start_up_phase_from_when_it_began(monkeypatch):
+    from dlc.config.budget import Budget
+    from dlc.config.load import load_recipe
+    from dlc.observe.snapshot import RunView, Snapshots
+
+    recipe = load_recipe(TINY, [])
+    snapshots = Snapshots(recipe, "runs/x", Budget(recipe), started=0.0)
+    clock = [1000.0]
+    monkeypatch.setattr("dlc.observe.snapshot.time.time", lambda: clock[0])
+
+    def learners_at(t, phases):
+        clock[0] = t
+        rows = [{"id": i, "state": state, "phase": phase} for i, (state, phase) in enumerate(phases)]
+        view = RunView(
+            wall_s=t, step=0.0, tokens=0, learners=rows, goodput={"goodput": None, "badput": {}}, syncer={}, rejected={}
+        )
+        return [r.get("phase_s") for r in snapshots.status("running", view)["learners"]]
+
+    assert learners_at(1000.0, [("starting", "compiling"), ("restarting", "starting process")]) == [0.0, 0.0]
+    assert learners_at(1003.0, [("starting", "compiling"), ("restarting", "starting process")]) == [3.0, 3.0]
+    # Learner 0 moves on to its next phase, learner 1 trains: the clock starts again, or stops.
+    assert learners_at(1004.5, [("starting", "copying state"), ("training", None)]) == [0.0, None]
+    assert learners_at(1006.0, [("starting", "copying state"), ("restarting", "starting process")]) == [1.5, 0.0]

@@ -185,12 +185,14 @@ def short_device(label: str | None) -> str:
 
 
 def _state_cell(row: dict[str, Any]) -> Text:
-    """The state and, while a learner starts, what it is doing: "restarting: starting process",
-    "starting: loading compiled step", "spare: ready"."""
+    """The state and, while a learner starts, what it is doing and for how long so far:
+    "restarting: starting process 2.1s", "starting: loading compiled step 0.8s", "spare: ready"."""
     text = _state_text(row["state"])
     phase = row.get("phase")
     if phase and row["state"] in ("starting", "spare", "restarting", "rejoining") and phase != row["state"]:
-        text.append(f": {phase}", style="dim")
+        seconds = row.get("phase_s")
+        timed = phase != "ready" and isinstance(seconds, int | float)
+        text.append(f": {phase}" + (f" {seconds:.1f}s" if timed else ""), style="dim")
     return text
 
 

@@ -291,6 +291,7 @@ class RunReader:
                     "goodput": _num(r.get("goodput")),
                     "pid": pid,
                     "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
+                    "phase_s": _num(r.get("phase_s")),
                     "device": r.get("device") if isinstance(r.get("device"), str) else self.devices.get(i),
                     "node": nodes.get(r.get("node_id")),
                 }
@@ -306,6 +307,7 @@ class RunReader:
                 "id": str(r.get("id")),
                 "state": "spare",
                 "phase": r.get("phase") if isinstance(r.get("phase"), str) else None,
+                "phase_s": _num(r.get("phase_s")),
                 "device": r.get("device") if isinstance(r.get("device"), str) else None,
             }
             for r in rows or []

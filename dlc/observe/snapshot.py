@@ -58,6 +58,7 @@ class Snapshots:
         self.budget = budget
         self.started = started  # time.time() when this driver started
         self._rates: list[tuple[float, int, float]] = []
+        self._phases: dict[Any, tuple[tuple[Any, Any], float]] = {}  # row id -> (state, phase), since when
 
     def status(self, run_state: str, view: RunView) -> dict[str, Any]:
         step, tokens, wall = view.step, view.tokens, view.wall_s
@@ -88,12 +89,24 @@ class Snapshots:
             "eval_loss": view.eval_loss,
             "eval_bpb": view.eval_bpb,
             "eval_loss_initial": view.eval_initial,
-            "learners": learners,
-            "spares": view.spares,
+            "learners": self._timed(learners),
+            "spares": self._timed(view.spares),
             "syncer": view.syncer,
             "goodput": view.goodput["goodput"],
             "badput": view.goodput["badput"],
         }
+
+    def _timed(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows in a start-up phase, with `phase_s`: how long they have been in it so far (the live
+        view shows it beside the phase: what a starting learner is doing, and for how long)."""
+        now, out = time.time(), []
+        for row in rows:
+            key = (row.get("state"), row.get("phase"))
+            was = self._phases.get(row["id"])
+            since = was[1] if was is not None and was[0] == key else now
+            self._phases[row["id"]] = (key, since)
+            out.append({**row, "phase_s": round(now - since, 1)} if row.get("phase") else row)
+        return out
 
     def summary(self, status: str, view: RunView, error: str | None) -> dict[str, Any]:
         sync = view.syncer

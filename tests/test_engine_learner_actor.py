@@ -106,7 +106,12 @@ def test_a_resumed_learner_numbers_its_pushes_above_every_seq_the_syncer_saw(tmp
     resumed = LearnerWorker(recipe_json, 0, stream, storage, no_syncer)
     where = resumed.restore(next_seq=1_000_000_009)
     assert resumed.sync.seq == 1_000_000_009 and where["incarnation"] == resumed.sync.incarnation == 1
+    assert where["checkpoint"] and where["step"] == 1
     resumed.checkpointer.close()
+    # Learner 1 never saved: it says so (the driver tells the user it starts from the global model).
+    fresh = LearnerWorker(recipe_json, 1, stream, storage, no_syncer)
+    assert fresh.restore(next_seq=0) == {"step": 0, "data_position": 0, "incarnation": 0, "checkpoint": False}
+    fresh.checkpointer.close()
     behind = LearnerWorker(recipe_json, 0, stream, storage, no_syncer)
     assert behind.restore(next_seq=3)["incarnation"] == 1 and behind.sync.seq == 1_000_000_005  # its own is higher
     behind.checkpointer.close()

@@ -246,6 +246,9 @@ class Driver:
                 rundir.event("run_resumed", learner=i, **where)
                 self.view.message(
                     f"learner {i} resumed at step {where['step']} (data position {where['data_position']})"
+                    if where["checkpoint"]
+                    else f"learner {i} has no checkpoint in the run directory: it starts from the global model, "
+                    "at the start of its data"
                 )
         ray.get([self.syncer.register.remote(i, h) for i, h in self.learners.items()])
         if self.has_global_model:

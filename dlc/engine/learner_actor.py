@@ -182,13 +182,19 @@ class LearnerWorker:
         duplicate. The incarnation is the one those seqs belong to, so a later restart numbers its
         pushes above every earlier process's.
         """
-        if self.checkpointer.latest_step() is not None:
+        found = self.checkpointer.latest_step() is not None
+        if found:
             tree, meta = self.checkpointer.restore(self.checkpoint_tree())
             self.learner.load_state(tree["learner"], meta)
             self.sync.load(tree["sync"], meta["sync"])
         self.sync.seq = max(self.sync.seq, next_seq)
         self.incarnation = self.sync.incarnation = self.sync.seq // SEQ_STRIDE
-        return {"step": self.learner.step, "data_position": self.learner.position, "incarnation": self.incarnation}
+        return {
+            "step": self.learner.step,
+            "data_position": self.learner.position,
+            "incarnation": self.incarnation,
+            "checkpoint": found,
+        }
 
     def checkpoint_tree(self) -> dict[str, Any]:
         return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}

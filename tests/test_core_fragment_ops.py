@@ -1,0 +1,78 @@
+"""The learner's device functions against the host code they replace: what `extract` sends is the
+host codec's encoding of anchor - theta, and `swap` writes one fragment and nothing else."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from dlc.config.load import load_recipe
+from dlc.core.codec import get_codec
+from dlc.core.fragment_ops import FragmentOps
+from dlc.core.fragments import FragmentPlan, shapes_of
+from dlc.core.model import build_model, flatten_params
+from tests.helpers import TINY
+
+BLOCK = 48  # rows of tiny are 64 wide: most fragments end in a partial block
+
+
+@pytest.fixture(scope="module")
+def model():
+    recipe = load_recipe(TINY, [])
+    _, params = build_model(recipe.model, seed=0)
+    flat = flatten_params(params)
+    # 7 fragments of uneven sizes.
+    plan = FragmentPlan.build(shapes_of(flat), 7)
+    assert any(plan.size(p) % BLOCK for p in range(7))  # the padding of a last block is exercised
+    return params, flat, plan
+
+
+def host_anchor(flat, plan, rng):
+    """Anchors near the parameters, per fragment, as a learner holds them (host vectors)."""
+    return [plan.gather(flat, p) + rng.normal(0, 1e-2, plan.size(p)).astype(np.float32) for p in range(7)]
+
+
+@pytest.mark.parametrize("codec", ["none", "bf16", "int8", "int4"])
+def test_extract_sends_the_host_codecs_encoding_of_anchor_minus_theta(model, codec):
+    params, flat, plan = model
+    ops = FragmentOps(plan, params, codec, BLOCK)
+    host = get_codec(codec, BLOCK)
+    anchors = host_anchor(flat, plan, np.random.default_rng(0))
+    for p in range(plan.num_fragments):
+        payload, scales, theta_M = ops.push(params, p, ops.to_device(p, anchors[p]))
+        sent = ops.encoded(p, payload, scales)
+        np.testing.assert_array_equal(ops.to_host(p, theta_M), plan.gather(flat, p))
+        delta = anchors[p] - plan.gather(flat, p)
+        expected = host.encode(delta)
+        assert (sent.codec, sent.length, sent.block_size) == (expected.codec, expected.length, expected.block_size)
+        assert sent.payload.dtype == expected.payload.dtype and sent.payload.shape == expected.payload.shape
+        assert sent.nbytes == expected.nbytes == ops.nbytes(p)
+        if codec in ("int8", "int4"):
+            np.testing.assert_allclose(sent.scales, expected.scales, rtol=1e-6)
+            # float32 quotients on the device, float64 on the host: a value within a rounding error
+            # of a half step may take the neighbouring level, nothing more.
+            step = np.repeat(expected.scales, BLOCK)[: delta.size]
+            np.testing.assert_allclose(host.decode(sent), host.decode(expected), rtol=0, atol=1.0001 * step.max())
+            assert np.mean(sent.payload != expected.payload) < 1e-3
+            assert np.all(np.abs(host.decode(sent) - delta) <= 0.5 * step * (1 + 1e-5) + 1e-12)
+        else:
+            np.testing.assert_array_equal(sent.payload, expected.payload)
+
+
+def test_swap_writes_one_fragment_in_each_adoption_mode(model):
+    params, flat, plan = model
+    ops = FragmentOps(plan, params, "int4", BLOCK)
+    rng = np.random.default_rng(1)
+    p = 3
+    value = rng.normal(size=plan.size(p)).astype(np.float32)
+    ref = rng.normal(size=plan.size(p)).astype(np.float32)
+    theta = plan.gather(flat, p)
+    for a, b in ((0.0, 0.0), (0.5, 0.0), (1.0, 1.0)):  # replace, mix, rebase
+        current = jax.tree_util.tree_map(lambda x: x.copy(), params)  # swap donates its input
+        out = flatten_params(ops.write(current, p, ops.to_device(p, value), ops.to_device(p, ref), a, b))
+        np.testing.assert_allclose(plan.gather(out, p), value + a * theta - b * ref, rtol=1e-6, atol=1e-6)
+        for q in range(plan.num_fragments):
+            if q != p:
+                np.testing.assert_array_equal(plan.gather(out, q), plan.gather(flat, q))
+        assert {k: v.dtype for k, v in out.items()} == {k: v.dtype for k, v in flat.items()}

@@ -119,3 +119,69 @@ def test_placement_refuses_a_learner_no_node_can_hold():
     with pytest.raises(UserError, match="the syncer runs on the driver's node .* syncer.num_cpus=1"):
         check(load_recipe(TINY, []), [_node("n0", 0), *nodes], "n0")
     check(load_recipe(TINY, ["syncer.num_cpus=0"]), [_node("n0", 0), *nodes], "n0")
+
+
+def test_spread_placement_options_and_a_lost_nodes_learner(monkeypatch):
+    from dlc.engine import cluster
+    from dlc.engine.placement import Placement
+
+    pinned = "learners.overrides=[{index: 1, resources: {node_b: 1}}, {index: 2, label_selector: {zone: b}}]"
+    driver = "ab" * 28  # a node id as Ray writes them
+    placement = Placement(load_recipe(TINY, [pinned]), driver_node=driver)  # spread: no placement group
+    assert placement.learner(0) == {"scheduling_strategy": "SPREAD"}
+    assert placement.learner(1) == {"scheduling_strategy": "SPREAD", "resources": {"node_b": 1.0}}
+    assert placement.learner(2) == {"scheduling_strategy": "SPREAD", "label_selector": {"zone": "b"}}
+    assert placement.learner(None) == {"scheduling_strategy": "SPREAD"}  # a hot spare
+    syncer = placement.syncer()["scheduling_strategy"]
+    assert (syncer.node_id, syncer.soft) == (driver, False)  # on the driver's node, where its journal is
+    # Learner 1 is pinned to the node that has node_b: while it lives a restart may wait for room
+    # there; once it is gone no restart could ever be placed.
+    monkeypatch.setattr(cluster, "nodes", lambda: [_node("n1", 2), _node("n2", 2, node_b=4)])
+    assert placement.feasible(1) is None and placement.feasible(0) is None
+    monkeypatch.setattr(cluster, "nodes", lambda: [_node("n1", 2)])
+    assert placement.feasible(0) is None
+    assert placement.feasible(1) == "no live node has what learner 1 asks for (CPU 1, node_b 1); it is not restarted"
+
+
+PACKED = """
+import ray
+from dlc.config.load import load_recipe
+from dlc.config.schema import ClusterConfig
+from dlc.engine import cluster, placement
+from dlc.errors import UserError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from tests.helpers import TINY
+import time
+def cpus_free(n):  # the cluster's view of free resources catches up within a moment
+    deadline = time.time() + 20
+    while ray.available_resources().get("CPU", 0) != n and time.time() < deadline:
+        time.sleep(0.1)
+    return ray.available_resources().get("CPU", 0) == n
+cluster.start_cluster(ClusterConfig(num_cpus=6), 6)
+driver = ray.get_runtime_context().get_node_id()
+packed = placement.Placement(load_recipe(TINY, ["learners.placement=pack"]), driver)
+strategies = [packed.learner(i)["scheduling_strategy"] for i in range(4)]
+assert all(isinstance(s, PlacementGroupSchedulingStrategy) for s in strategies)
+assert [s.placement_group_bundle_index for s in strategies] == [0, 1, 2, 3]
+assert packed.learner(None) == {"scheduling_strategy": "DEFAULT"}  # spares and joiners: where there is room
+assert cpus_free(2)  # 4 of 6 CPUs reserved for the learners' slots
+packed.close()
+assert cpus_free(6)
+placement.PACK_READY_TIMEOUT_S = 2.0
+try:
+    placement.Placement(load_recipe(TINY, ["learners.placement=pack", "learners.count=8"]), driver)
+except UserError as exc:
+    assert "could not reserve the learners' 8 slots within 2 s" in str(exc), exc
+else:
+    raise AssertionError("8 one-CPU slots on 6 CPUs were reserved")
+cluster.stop_cluster()
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_pack_placement_reserves_one_slot_per_learner_or_says_why_not():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", PACKED], env=env, capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -73,7 +73,8 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             continue
         if kind == "node_killed":  # every learner on one node at once
             for victim in e.get("learners") or []:
-                switch(victim, t, "dead")
+                if victim in current:  # a learner the log has seen start
+                    switch(victim, t, "dead")
             continue
         if not isinstance(learner, int):
             continue

@@ -54,15 +54,10 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
     out: list[Interval] = []
 
     def switch(learner: int, t: float, state: str | None) -> None:
-        if learner in current and current[learner][1] == state:
-            return  # a stall chaos injected, then seen by the engine: one interval
         if learner in current:
             start, was = current.pop(learner)
             if t > start:
                 out.append(Interval(learner, start, t, was))
-            elif out and out[-1].learner == learner and out[-1].state == state and out[-1].end == t:
-                current[learner] = (out.pop().start, state)  # a state that lasted no time: the last goes on
-                return
         if state is not None:
             current[learner] = (t, state)
 
@@ -102,7 +97,20 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             switch(learner, until, "training")
     for learner in list(current):
         switch(learner, end, None)
-    return sorted(out, key=lambda i: (i.learner, i.start))
+    return _joined(sorted(out, key=lambda i: (i.learner, i.start)))
+
+
+def _joined(intervals: list[Interval]) -> list[Interval]:
+    """Consecutive intervals of one learner in one state as one: a stall chaos injected and then
+    seen by the engine, a learner dead from its node's loss and then not restarted."""
+    out: list[Interval] = []
+    for i in intervals:
+        last = out[-1] if out else None
+        if last is not None and (last.learner, last.state, last.end) == (i.learner, i.state, i.start):
+            out[-1] = Interval(i.learner, last.start, i.end, i.state)
+        else:
+            out.append(i)
+    return out
 
 
 def windowed_goodput(samples: list[tuple[float, float, float]], window_s: float) -> tuple[np.ndarray, np.ndarray]:

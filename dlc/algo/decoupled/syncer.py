@@ -325,6 +325,11 @@ class DecoupledSyncer(GlobalFragments):
         settled.extend(seqs)
         del settled[: -self._keep_seqs()]
 
+    def _see_settled(self, learner: int) -> None:
+        """The book learns the learner's settled seqs (a restarted syncer): their re-sends are refused."""
+        seqs = self.settled_seqs[learner]
+        self.book.restore_seen(learner, seqs, complete=len(seqs) < self._keep_seqs())
+
     def _counters(self) -> dict[str, Any]:
         return {
             "rounds_closed": self.rounds_closed,
@@ -352,8 +357,7 @@ class DecoupledSyncer(GlobalFragments):
             learner, seq = record["refused"]
             if seq not in self.settled_seqs.get(learner, []):
                 self._settle(learner, [seq])
-                seqs = self.settled_seqs[learner]
-                self.book.restore_seen(learner, seqs, complete=len(seqs) < self._keep_seqs())
+                self._see_settled(learner)
                 self.book.rejections[Reject(record["reason"])] += 1
             return False
         if "fragment" not in record:  # a snapshot: the state at the checkpoint it was taken with
@@ -383,8 +387,8 @@ class DecoupledSyncer(GlobalFragments):
         )
         self.contributed = Counter({int(k): v for k, v in counters["contributed"].items()})
         self.settled_seqs = {int(k): list(v) for k, v in counters.get("settled_seqs", {}).items()}
-        for learner, seqs in self.settled_seqs.items():
-            self.book.restore_seen(learner, seqs, complete=len(seqs) < self._keep_seqs())
+        for learner in self.settled_seqs:
+            self._see_settled(learner)
         self.schedule.load(counters.get("schedule", {}))
         # What the learners hold is unknown after a restart: each gets the next value whole.
         self.synced.clear()

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from dlc.algo.decoupled.learner import SentRecord
-from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment
+from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import load_corpus, split_corpus
-from dlc.engine.local import InProcessRun
+from dlc.engine.local import Direct, InProcessRun
 from tests.helpers import twin_recipe
 
 
@@ -93,6 +93,42 @@ def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
     assert sync.versions[3] == 5 and not sync.waiting
     np.testing.assert_array_equal(sync.gather(3), G)
     assert sync.steps_since[3] == 0  # replaced: the steps since the push were thrown away with it
+
+
+def test_a_bundle_is_taken_in_order_a_merged_fragment_then_the_next_request():
+    run = make_run(twin_recipe(learners=1, overlap_steps=1, sync_interval_steps=4))
+    sync, learner = run.syncs[0], run.syncs[0].learner
+    sync.receive(FragmentRequest(2, 0, 0.0))
+    learner.train_step()
+    sync.after_step()  # pushes 2 at step 1
+    G = np.full(sync.plan.size(2), 0.5, np.float32)
+    merged = MergedFragment(2, 1, get_codec("none").encode(G), 0.0, ((0, sync.seq - 1),))
+    sync.receive(Bundle((merged, FragmentRequest(3, 0, 0.0))))
+    learner.train_step()
+    sync.after_step()  # step 2 = 1 + tau: adopts 2, and answers the request for 3
+    assert sync.versions[2] == 1 and sync.pushes == 2 and 3 in sync.sent
+    assert not sync.unacked.get(0)  # the merge acknowledged the push of 2
+    np.testing.assert_array_equal(sync.gather(2), G)
+
+
+def test_a_push_sent_at_once_carries_the_step_as_a_heartbeat_and_a_re_send_does_not():
+    run = make_run(twin_recipe(learners=1))
+    sync, learner = run.syncs[0], run.syncs[0].learner
+    got = []
+    sync._push = Direct(got.append)
+    sync.receive(FragmentRequest(0, 0, 0.0))
+    learner.train_step()
+    sync.after_step()
+    assert got[-1].step == learner.step == 1 and sync.beat_at > float("-inf")
+    assert [p.step for p in sync.unacked.values()] == [None]  # kept to re-send: says nothing of then
+    sync.reconnect(Direct(got.append))
+    assert got[-1].seq == got[0].seq and got[-1].step is None
+    sync.transport.impair(0, 0.5, 60.0)  # an impaired link delivers late: no heartbeat
+    sync.receive(FragmentRequest(1, 0, 0.0))
+    learner.train_step()
+    sync.after_step()
+    assert sync.transport.drain(timeout_s=10)
+    assert got[-1].fragment == 1 and got[-1].step is None
 
 
 def test_differences_sent_down_resolve_in_version_order_against_the_held_value():

@@ -114,3 +114,15 @@ def test_every_fragment_comes_up_once_per_h_global_steps(fragments: int, interva
     for start in range(1, 2 * interval):
         window = [p for t in range(start, start + interval) for p in opened[t]]
         assert sorted(window) == list(range(fragments))
+
+
+def test_a_report_overtaken_by_a_newer_one_is_ignored_and_a_new_process_starts_from_forget():
+    schedule = Schedule(4, 4)
+    for t, step in [(0.0, 10), (0.1, 11), (0.2, 12)]:
+        schedule.report(0, step, t)
+    schedule.report(0, 11, 0.25)  # a heartbeat that a push reporting step 12 overtook
+    assert schedule.rate([0]) == pytest.approx(10.0) and schedule.stepping([0], 0.3) == {0}
+    schedule.forget(0)  # a restarted learner, at the step of the peer it copied
+    schedule.report(0, 3, 1.0)
+    schedule.report(0, 4, 1.1)
+    assert schedule.rate([0]) == pytest.approx(10.0)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dlc.algo.decoupled.messages import MergedFragment, Push
+from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.syncer import DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -29,7 +29,7 @@ def make(quorum=1, learners=2, **syncer):
             },
         }
     )
-    plan = FragmentPlan.build(SHAPES, 2)
+    plan = FragmentPlan.build(SHAPES, recipe.syncer.fragments)
     initial = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)}
     delivered = []  # merged fragments only
     clock = FakeClock()
@@ -161,6 +161,74 @@ def test_the_global_step_follows_the_median_learner_and_opens_one_round_per_h_ov
     requests = [a for a in asked if a[2] == "FragmentRequest"]
     assert len(requests) == 19 * 3  # every healthy learner is asked, the slow one too
     assert [f for m, f, _ in requests if m == 0] == [r % 2 for r in range(19)]
+
+
+def drive(syncer, clock, until, pace=0.1, dt=0.01):
+    """Tick every `dt` with every member stepping every `pace` seconds, until `until()` holds."""
+    for _ in range(1000):
+        if until():
+            return
+        clock.now = round(clock.now + dt, 6)
+        for m in syncer.members:
+            syncer.heartbeat(m, int(clock.now / pace + 1e-9))
+        syncer.tick()
+    raise AssertionError("never happened")
+
+
+def close_a_round(overlap_steps=2):
+    """A syncer whose rounds open once a global step (P = H = 4, 10 steps/s), just past closing one
+    (both learners pushed it right after its request); returns it, its deliveries since, and p."""
+    syncer, plan, _, clock = make(learners=2, fragments=4, sync_interval_steps=4, overlap_steps=overlap_steps)
+    sent = []
+    syncer.deliver = lambda m, msg: sent.append((m, msg)) or 0
+    drive(syncer, clock, lambda: len(sent) == 2)  # the first round opens: both learners asked
+    p = sent[0][1].fragment
+    sent.clear()
+    for m in (0, 1):
+        syncer.push(push(m, p, np.ones(plan.size(p)), seq=0))
+    assert syncer.tick() == 1
+    return syncer, clock, sent, p
+
+
+def test_a_merged_fragment_waits_for_the_next_request_and_goes_down_with_it():
+    syncer, clock, sent, p = close_a_round()
+    assert sent == []  # the next request is due within a step: the merged fragment waits for it
+    drive(syncer, clock, lambda: sent)
+    assert [m for m, _ in sent] == [0, 1] and syncer.deliveries == 4  # 2 requests, then 2 bundles
+    for _, bundle in sent:
+        merged, request = bundle.messages
+        assert isinstance(bundle, Bundle) and isinstance(request, FragmentRequest)
+        assert (merged.fragment, merged.version, request.fragment) == (p, 1, (p + 1) % 4)
+
+
+def test_a_merged_fragment_goes_alone_when_the_request_is_late_or_no_overlap_allows_a_wait():
+    syncer, clock, sent, p = close_a_round()
+    syncer.schedule.advance = lambda now, learners: []  # the next round never opens
+    closed_at = clock.now
+    drive(syncer, clock, lambda: sent)
+    assert clock.now - closed_at == pytest.approx(0.1, abs=0.015)  # held about a step time, then sent alone
+    assert all(isinstance(msg, MergedFragment) and msg.version == 1 for _, msg in sent) and len(sent) == 2
+    syncer, clock, sent, p = close_a_round(overlap_steps=1)  # a wait could delay the adoption: none
+    assert [(m, type(msg)) for m, msg in sent] == [(0, MergedFragment), (1, MergedFragment)]
+
+
+def test_what_waits_for_a_learner_that_leaves_is_dropped():
+    syncer, clock, sent, p = close_a_round()
+    syncer.leave(1)
+    drive(syncer, clock, lambda: sent)
+    assert [(m, type(msg)) for m, msg in sent] == [(0, Bundle)]
+    syncer.flush()  # the end of the run sends whatever waits: nothing does
+    assert len(sent) == 1 and not syncer.outbox
+
+
+def test_a_push_sent_at_once_is_its_learners_heartbeat():
+    syncer, plan, _, clock = make(learners=2, heartbeat_timeout_s=1.0)
+    clock.now = 5.0  # both joined at 0: no longer healthy
+    assert syncer.healthy() == set()
+    syncer.push(Push(0, 0, 0, 4, 400, 0, get_codec("none").encode(np.ones(plan.size(0))), 0.0, step=40))
+    syncer.push(Push(1, 0, 0, 4, 400, 0, get_codec("none").encode(np.ones(plan.size(0))), 0.0))  # re-sent
+    assert syncer.healthy() == {0}
+    assert syncer.schedule._reports[0].samples[-1] == (5.0, 40) and 1 not in syncer.schedule._reports
 
 
 def test_a_learner_that_stops_stepping_no_longer_counts_and_the_clock_goes_on():

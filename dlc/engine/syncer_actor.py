@@ -135,7 +135,8 @@ class SyncerWorker:
             self.learners.pop(index, None)
             self.syncer.leave(index)
 
-    @ray.method(concurrency_group="pushes")  # one thread: pushes from a learner stay in order
+    # One thread: pushes from a learner stay in order. No return value (see LearnerWorker.deliver).
+    @ray.method(concurrency_group="pushes", num_returns=0)
     def push(self, push: Any) -> None:
         with self.lock:
             self.syncer.push(push)
@@ -145,6 +146,7 @@ class SyncerWorker:
     def barrier(self) -> None:
         """Returns after every push sent before it by the same caller has been handled."""
 
+    @ray.method(num_returns=0)
     def heartbeat(self, index: int, step: int | None = None) -> None:
         with self.lock:
             self.syncer.heartbeat(index, step)

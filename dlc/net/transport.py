@@ -21,6 +21,17 @@ class Message(Protocol):
     payload: Encoded | None  # None: a control message, counted as 0 bytes
 
 
+class Bundled(Protocol):
+    messages: tuple[Message, ...]  # several messages in one call, counted as the sum of theirs
+
+
+def message_bytes(message: Message | Bundled) -> int:
+    """The bytes a message carries: its payload's, or the sum over a bundle's `messages`."""
+    if hasattr(message, "messages"):
+        return sum(message_bytes(part) for part in message.messages)
+    return message.payload.nbytes if message.payload is not None else 0
+
+
 class RemoteMethod(Protocol):
     def remote(self, *args: Any) -> Any: ...
 
@@ -48,14 +59,18 @@ class Transport:
                 self.links[index] = Link(self._link_of(index), seed=self._seed * 1000 + index)
             return self.links[index]
 
-    def send(self, method: RemoteMethod, message: Message, link: int | None = None) -> int:
+    def immediate(self, link: int) -> bool:
+        """Whether a message on learner `link`'s link goes out at once (an ideal link, never impaired)."""
+        emulated = self.link(link)
+        return not (emulated.spec.emulated or emulated.impaired)
+
+    def send(self, method: RemoteMethod, message: Message | Bundled, link: int | None = None) -> int:
         """`method.remote(message)` now, or when learner `link`'s link delivers it; returns the bytes counted."""
-        nbytes = message.payload.nbytes if message.payload is not None else 0
-        emulated = self.link(link) if link is not None else None
-        if emulated is None or not (emulated.spec.emulated or emulated.impaired):
+        nbytes = message_bytes(message)
+        if link is None or self.immediate(link):
             method.remote(message)
         else:
-            self._delay_line().send(emulated, nbytes, lambda: method.remote(message))
+            self._delay_line().send(self.link(link), nbytes, lambda: method.remote(message))
         with self._lock:
             self.bytes_sent += nbytes
             self.messages_sent += 1

@@ -22,13 +22,13 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
 import numpy as np
 
-from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
+from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment, Push
 from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -65,6 +65,7 @@ class Outgoing:
     seq: int
     payload: Any
     scales: Any
+    step: int  # the learner's inner step at dispatch
 
 
 class DecoupledLearnerSync:
@@ -117,6 +118,7 @@ class DecoupledLearnerSync:
         self._outbox: queue.Queue[Outgoing] = queue.Queue()
         self._sender: threading.Thread | None = None
         self.failure: str | None = None  # what broke the sender thread, raised in the loop
+        self.beat_at = float("-inf")  # when a push last doubled as a heartbeat (time.monotonic)
 
     # -- parameter access (host copies: for state copies and checkpoints, never per step) -----
 
@@ -155,8 +157,10 @@ class DecoupledLearnerSync:
 
     def _send(self, item: Outgoing) -> None:
         payload = self.ops.encoded(item.fragment, item.payload, item.scales)  # waits for the device
+        index = self.learner.index
+        beat = self.transport.immediate(index)  # arrives now: it tells the syncer the learner lives
         push = Push(
-            learner=self.learner.index,
+            learner=index,
             fragment=item.fragment,
             base_version=item.base_version,
             steps=item.steps,
@@ -165,13 +169,16 @@ class DecoupledLearnerSync:
             payload=payload,
             sent_at=time.time(),
             incarnation=self.incarnation,
+            step=item.step if beat else None,
         )
         # One ordered stream of sends, also against a reconnect re-sending; deliveries, which take
         # only `_lock`, never wait behind a slow send.
         with self._send_lock:
             with self._lock:
-                self.unacked[push.seq] = push
-            self.transport.send(self._push, push, link=self.learner.index)
+                self.unacked[push.seq] = replace(push, step=None)  # a re-send is no heartbeat
+            self.transport.send(self._push, push, link=index)
+            if beat:
+                self.beat_at = time.monotonic()
 
     def flush_sends(self) -> None:
         """Wait until every push dispatched so far has been handed to the transport."""
@@ -192,12 +199,17 @@ class DecoupledLearnerSync:
         self.learner.train_step()
         return self.after_step()
 
-    def receive(self, msg: MergedFragment | FragmentRequest) -> None:
-        """Called from another thread when the syncer asks for a fragment or delivers a merged one.
+    def receive(self, msg: MergedFragment | FragmentRequest | Bundle) -> None:
+        """Called from another thread when the syncer asks for a fragment or delivers a merged one
+        (or several of those, bundled in one delivery: taken in order).
 
         A merged fragment is acknowledged, resolved against what is held, decoded and put on the
         device here, so the loop only swaps it in.
         """
+        if isinstance(msg, Bundle):
+            for part in msg.messages:
+                self.receive(part)
+            return
         if isinstance(msg, FragmentRequest):
             self.inbox.put(msg)
             return
@@ -290,7 +302,9 @@ class DecoupledLearnerSync:
     def push(self, p: int) -> dict[str, Any]:
         """Dispatch fragment p's outer gradient for sending; returns the event for the run log."""
         payload, scales, theta = self.ops.push(self.learner.params, p, self.anchors[p])
-        item = Outgoing(p, self.versions[p], self.steps_since[p], self.tokens_since[p], self.seq, payload, scales)
+        item = Outgoing(
+            p, self.versions[p], self.steps_since[p], self.tokens_since[p], self.seq, payload, scales, self.learner.step
+        )
         if self.background:
             self._outbox.put(item)
         else:

@@ -40,6 +40,9 @@ class Push:
     # The sending process's incarnation of `learner` (0 for its first process, +1 per restart): a
     # new process starts from a peer's state, so its deltas never contain an earlier one's pushes.
     incarnation: int = 0
+    # The learner's inner step as it sent this, when the push doubles as its heartbeat: sent at
+    # once over an ideal link, and not a re-send (None otherwise: it says nothing of now).
+    step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,15 @@ class MergedFragment:
     sent_at: float
     merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
     base_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Syncer -> learner: several messages in one delivery, taken in order.
+
+    A Ray call costs both ends about a millisecond of CPU whatever it carries, so the syncer sends a
+    merged fragment together with the next round's request when that request is due soon
+    (`DecoupledSyncer`): one delivery per learner and round instead of two.
+    """
+
+    messages: tuple[MergedFragment | FragmentRequest, ...]

@@ -30,10 +30,10 @@ class _Reports:
         self.changed_at = 0.0  # when its step last grew
 
     def add(self, now: float, step: int, window_s: float) -> None:
-        if self.samples and step < self.samples[-1][1]:  # a new process with another step: start over
-            self.samples.clear()
-            self.advanced = False
-        if self.samples and step == self.samples[-1][1]:
+        # An older step is a report overtaken by a newer one (heartbeats and pushes report steps
+        # and reach the syncer by different threads): it says nothing new. A new process of the
+        # learner starts from `Schedule.forget`, so its reports never follow the old one's.
+        if self.samples and step <= self.samples[-1][1]:
             return
         if self.samples:
             self.advanced = True
@@ -124,6 +124,14 @@ class Schedule:
                 due.append(self.next_round % self.P)
             self.next_round += 1
         return due
+
+    def next_round_in_s(self, learners: Collection[int]) -> float | None:
+        """Seconds until the next round opens at the median rate of ``learners`` (as of the last
+        `advance`), or None when no rate is measured."""
+        rate = self.rate(learners)
+        if rate is None:
+            return None
+        return max(0.0, ((self.next_round + 1) * self.spacing - self.global_step) / rate)
 
     def state(self) -> dict[str, float | int]:
         return {"global_step": self.global_step, "next_round": self.next_round}

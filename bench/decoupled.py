@@ -1,6 +1,6 @@
 """Decoupled DiLoCo against its baselines, side by side in one invocation, on the real CLI.
 
-    python bench/decoupled.py [--steps 300] [--repeats 2] [--recipe recipes/tiny.yaml]
+    python bench/decoupled.py [--steps 300] [--repeats 2] [--recipe recipes/tiny.yaml] [--set key=value ...]
 
 Measures, with M learners sharing the machine:
   1. learner throughput with the syncer vs the same learners with no synchronisation
@@ -42,9 +42,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300, help="inner steps per learner")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every run (repeatable)"
+    )
     args = ap.parse_args()
     M, S = args.learners, args.steps
-    common = [f"learners.count={M}", f"run.max_steps={S}", f"eval.every_steps={10 * S}"]
+    common = [*args.set, f"learners.count={M}", f"run.max_steps={S}", f"eval.every_steps={10 * S}"]
     rates: dict[str, list[float]] = {"decoupled": [], "none": []}
     decoupled: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,6 +61,7 @@ def main() -> None:
         single = train(
             args.recipe,
             Path(tmp) / "single",
+            *args.set,
             "learners.count=1",
             f"run.max_steps={M * S}",
             f"eval.every_steps={10 * M * S}",
@@ -66,7 +70,7 @@ def main() -> None:
     from dlc.config.load import load_recipe
     from dlc.core.model import build_model, count_params
 
-    params = count_params(build_model(load_recipe(args.recipe).model, 0)[1])
+    params = count_params(build_model(load_recipe(args.recipe, args.set).model, 0)[1])
     first = decoupled[0]
     bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
     ratio = statistics.mean(rates["decoupled"]) / statistics.mean(rates["none"])
@@ -75,7 +79,9 @@ def main() -> None:
     lines = [
         f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
         "",
-        f"`python bench/decoupled.py --recipe {args.recipe} --learners {M} --steps {S} --repeats {args.repeats}`"
+        f"`python bench/decoupled.py --recipe {args.recipe} --learners {M} --steps {S} --repeats {args.repeats}"
+        + "".join(f" --set {kv}" for kv in args.set)
+        + "`"
         f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), "
         f"{params:,} parameters.",
         "",

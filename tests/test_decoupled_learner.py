@@ -95,7 +95,7 @@ def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
     assert sync.steps_since[3] == 0  # replaced: the steps since the push were thrown away with it
 
 
-def test_a_bundle_is_taken_in_order_a_merged_fragment_then_the_next_request():
+def test_every_message_of_a_bundle_is_taken_the_merged_fragment_and_the_next_request():
     run = make_run(twin_recipe(learners=1, overlap_steps=1, sync_interval_steps=4))
     sync, learner = run.syncs[0], run.syncs[0].learner
     sync.receive(FragmentRequest(2, 0, 0.0))

@@ -8,6 +8,7 @@ from dlc.algo.decoupled.syncer import DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
+from dlc.net.transport import message_bytes
 from tests.helpers import FakeClock
 
 SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
@@ -175,17 +176,22 @@ def drive(syncer, clock, until, pace=0.1, dt=0.01):
     raise AssertionError("never happened")
 
 
-def close_a_round(overlap_steps=2):
+def close_a_round(overlap_steps=2, late_s=0.0, before_close=None, **syncer_settings):
     """A syncer whose rounds open once a global step (P = H = 4, 10 steps/s), just past closing one
-    (both learners pushed it right after its request); returns it, its deliveries since, and p."""
-    syncer, plan, _, clock = make(learners=2, fragments=4, sync_interval_steps=4, overlap_steps=overlap_steps)
+    that both learners pushed `late_s` after its request; returns it, its deliveries since, and p."""
+    syncer, plan, _, clock = make(
+        learners=2, fragments=4, sync_interval_steps=4, overlap_steps=overlap_steps, **syncer_settings
+    )
     sent = []
-    syncer.deliver = lambda m, msg: sent.append((m, msg)) or 0
+    syncer.deliver = lambda m, msg: sent.append((m, msg)) or message_bytes(msg)
     drive(syncer, clock, lambda: len(sent) == 2)  # the first round opens: both learners asked
     p = sent[0][1].fragment
     sent.clear()
+    clock.now += late_s
     for m in (0, 1):
         syncer.push(push(m, p, np.ones(plan.size(p)), seq=0))
+    if before_close is not None:
+        before_close(syncer)
     assert syncer.tick() == 1
     return syncer, clock, sent, p
 
@@ -212,13 +218,44 @@ def test_a_merged_fragment_goes_alone_when_the_request_is_late_or_no_overlap_all
     assert [(m, type(msg)) for m, msg in sent] == [(0, MergedFragment), (1, MergedFragment)]
 
 
-def test_what_waits_for_a_learner_that_leaves_is_dropped():
-    syncer, clock, sent, p = close_a_round()
+def test_a_merged_fragment_waits_only_when_that_delays_no_adoption():
+    # Closed 1.6 steps after the request (a straggler's grace window): with tau = 2 the earliest
+    # pusher may adopt half a step from now, so the merge leaves at once, before the next request.
+    syncer, clock, sent, p = close_a_round(late_s=0.16)
+    assert [(m, type(msg)) for m, msg in sent[:2]] == [(0, MergedFragment), (1, MergedFragment)]
+
+    # The next round, due now, is p's own: taken with the request, p would be pushed from the old
+    # anchor first and adopted tau steps later.
+    def next_is_p(syncer):
+        schedule, p = syncer.schedule, syncer.book.closable(syncer.active())[0]
+        schedule.next_round += (p - schedule.next_round) % 4
+        schedule.global_step = schedule.next_round + 0.99
+
+    syncer, clock, sent, p = close_a_round(before_close=next_is_p)
+    assert [(m, type(msg), msg.fragment) for m, msg in sent] == [(0, MergedFragment, p), (1, MergedFragment, p)]
+    # Learner 1's downlink is emulated: a wait would hold up the whole transfer behind it.
+    syncer, clock, sent, p = close_a_round(before_close=lambda s: setattr(s, "can_hold", lambda m: m != 1))
+    assert [(m, type(msg)) for m, msg in sent] == [(1, MergedFragment)]
+    drive(syncer, clock, lambda: len(sent) > 1)
+    assert [(m, type(msg)) for m, msg in sent[1:]] == [(0, Bundle), (1, FragmentRequest)]
+
+
+def test_what_waits_for_a_learner_that_leaves_or_restarts_is_dropped_and_bytes_count_when_sent():
+    syncer, clock, sent, p = close_a_round(down_codec="int4", codec_block_values=4)
+    assert syncer.bytes_down == 0  # nothing has gone down yet
     syncer.leave(1)
     drive(syncer, clock, lambda: sent)
-    assert [(m, type(msg)) for m, msg in sent] == [(0, Bundle)]
+    ((learner, bundle),) = sent
+    assert learner == 0 and isinstance(bundle, Bundle) and bundle.messages[0].base_version == 0  # a difference
+    assert syncer.bytes_down == bundle.messages[0].payload.nbytes
     syncer.flush()  # the end of the run sends whatever waits: nothing does
     assert len(sent) == 1 and not syncer.outbox
+    # A new process of learner 1 gets every merged fragment whole, at once, instead of what waited.
+    syncer, clock, sent, p = close_a_round(down_codec="int4", codec_block_values=4)
+    syncer.rejoin(1)
+    drive(syncer, clock, lambda: len(sent) > 1)
+    assert [(m, type(msg)) for m, msg in sent] == [(1, MergedFragment), (0, Bundle), (1, FragmentRequest)]
+    assert sent[0][1].base_version is None and sent[0][1].version == 1
 
 
 def test_a_push_sent_at_once_is_its_learners_heartbeat():

@@ -330,7 +330,10 @@ class LearnerWorker:
     # for one, and an object to track costs both ends CPU on every delivery.
     @ray.method(concurrency_group="deliveries", num_returns=0)
     def deliver(self, message: Any) -> None:
-        self.sync.receive(message)
+        try:
+            self.sync.receive(message)
+        except Exception:  # nobody waits for this call: the driver fails the run with it
+            self.error = self.error or traceback.format_exc()
 
     def set_syncer(self, syncer: Any) -> int:
         """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""

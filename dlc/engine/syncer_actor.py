@@ -48,6 +48,8 @@ class SyncerWorker:
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed + 1)  # downlinks
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
+        if hasattr(self.syncer, "can_hold"):  # a merged fragment waits for a request only on an ideal downlink
+            self.syncer.can_hold = self.transport.immediate
         self.checkpointer = Checkpointer(self.storage.syncer_dir(), self.recipe.checkpoint.keep)
         self.journal = Journal(syncer_journal_path(Path(run_dir)))
         self.syncer.journal = self._journal_round
@@ -138,9 +140,12 @@ class SyncerWorker:
     # One thread: pushes from a learner stay in order. No return value (see LearnerWorker.deliver).
     @ray.method(concurrency_group="pushes", num_returns=0)
     def push(self, push: Any) -> None:
-        with self.lock:
-            self.syncer.push(push)
-            self.syncer.tick()
+        try:
+            with self.lock:
+                self.syncer.push(push)
+                self.syncer.tick()
+        except Exception:  # nobody waits for this call: the driver fails the run with it
+            self.error = self.error or traceback.format_exc()
 
     @ray.method(concurrency_group="pushes")
     def barrier(self) -> None:

@@ -106,6 +106,11 @@ class Schedule:
         times = [1.0 / r for m in learners if (r := self._rate(m)) is not None and r > 0]
         return sum(times) / len(times) if times else None
 
+    def shortest_step_s(self, learners: Collection[int]) -> float | None:
+        """The step time of the fastest of ``learners``, or None when none is measured."""
+        rates = [r for m in learners if (r := self._rate(m)) is not None and r > 0]
+        return 1.0 / max(rates) if rates else None
+
     def _rate(self, learner: int) -> float | None:
         reports = self._reports.get(learner)
         return reports.rate() if reports is not None else None

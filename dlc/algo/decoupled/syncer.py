@@ -8,9 +8,10 @@ then goes down once to every member, fp32, bf16, or as a compressed difference f
 the learners hold, with the compression error fed back into the next round of p.
 
 A learner adopts a merged fragment no earlier than `tau` steps after it sent p, so with tau >= 2
-a merged fragment may wait for the next round's request, when that is due within a step, and
-go down with it in one `Bundle`: a delivery costs both processes about a millisecond of CPU
-whatever it carries, and this halves the syncer's deliveries when a fragment leaves every step.
+a merged fragment may wait for the next round's request, when that comes soon enough to delay no
+adoption (`hold_s`), and go down with it in one `Bundle`: a delivery costs both processes about a
+millisecond of CPU whatever it carries, and this halves the syncer's deliveries when a fragment
+leaves every step.
 
 Not thread-safe and free of Ray: the engine's actor wraps it with a lock and a ticking thread,
 tests drive it with a fake clock. Every decision is reported as an event for the run log.
@@ -112,6 +113,9 @@ class DecoupledSyncer(GlobalFragments):
         self.outbox: dict[int, list[MergedFragment]] = {}
         self.outbox_until: dict[int, float] = {}
         self.deliveries = 0  # calls of `deliver`, bundles counted once
+        # Whether a message to a learner goes out at once (the engine's downlink is ideal): only
+        # then may a merged fragment wait for the next request.
+        self.can_hold: Callable[[int], bool] = lambda learner: True
 
     def _new_book(self, versions: list[int]) -> RoundBook:
         cfg = self.cfg
@@ -186,7 +190,7 @@ class DecoupledSyncer(GlobalFragments):
     # -- rounds --------------------------------------------------------------------------------
 
     def push(self, push: Push) -> None:
-        if push.step is not None:  # sent at once: it is the learner's heartbeat too
+        if push.step is not None and push.learner in self.members:  # sent at once: a heartbeat too
             self.heartbeat(push.learner, push.step)
         self.bytes_up += push.payload.nbytes
         self.last_push_at[push.learner] = self.clock()
@@ -311,7 +315,7 @@ class DecoupledSyncer(GlobalFragments):
                     "event": event,  # the round's record survives the syncer, even undrained
                 }
             )
-        self._send_down(p, result.version, pairs)
+        self._send_down(p, result.version, pairs, result.opened_at)
         self.book.mark_sent(p)
         self.events.append(event)
         return result
@@ -335,32 +339,36 @@ class DecoupledSyncer(GlobalFragments):
             self.bytes_down += self.deliver(learner, messages[0] if len(messages) == 1 else Bundle(tuple(messages)))
             self.deliveries += 1
 
-    def hold_s(self) -> float | None:
-        """How long a merged fragment closed now may wait for the next round's request: a step
-        time when that request is due within a step, else None (it goes at once).
+    def hold_s(self, p: int, opened_at: float) -> float | None:
+        """How long merged fragment p, whose round opened at `opened_at` and closed now, may wait
+        for the next round's request to go down with it; None: it goes at once.
 
-        A learner adopts p no earlier than tau steps after it sent p. Its push reached the syncer
-        within a step of the request, the round closes within about a step of that, and the next
-        request follows within another: with tau >= 2 the wait does not delay the adoption (with
-        tau = 1 it could, by a step, so nothing waits).
+        A learner asked for p pushes it at a step boundary after `opened_at` and adopts the merge
+        no earlier than tau of its steps later. So with tau >= 2 the merge may wait until half a
+        (shortest) step before `opened_at + tau` steps without delaying any adoption, and it does
+        when the next request comes before that. Not when that request is for p itself: the
+        learner would push p from the old anchor before adopting, and adopt tau steps later.
         """
-        if not self.scheduled or self.cfg.overlap_steps < 2:
+        tau = self.cfg.overlap_steps
+        if not self.scheduled or tau < 2:
             return None
         active = self.active()
-        step_s = self.schedule.step_time_s(active)
+        step_s = self.schedule.shortest_step_s(active)
         due_s = self.schedule.next_round_in_s(active)
-        if step_s is None or due_s is None or due_s > step_s:
+        if step_s is None or due_s is None or self.schedule.next_round % self.plan.num_fragments == p:
             return None
-        return step_s
+        hold_s = min(step_s, opened_at + (tau - 0.5) * step_s - self.clock())
+        return hold_s if due_s <= hold_s else None
 
-    def _send_down(self, p: int, version: int, pairs: tuple[tuple[int, int], ...]) -> None:
-        """Send fragment p at `version` once to every member, contributors or not."""
+    def _send_down(self, p: int, version: int, pairs: tuple[tuple[int, int], ...], opened_at: float) -> None:
+        """Send fragment p at `version` once to every member, contributors or not (a member whose
+        downlink is emulated at once: a wait there would delay the whole transfer)."""
         now = self.clock()
-        hold_s = self.hold_s()
+        hold_s = self.hold_s(p, opened_at)
         if not self.diff_down:
             message = MergedFragment(p, version, self.down_codec.encode(self.theta[p]), now, pairs)
             for learner in sorted(self.members):
-                self._post(learner, message, hold_s)
+                self._post(learner, message, hold_s if self.can_hold(learner) else None)
             return
         # The difference from what the learners hold; what compression loses stays in theta - held
         # and goes down with the next round of p (error feedback).
@@ -375,7 +383,7 @@ class DecoupledSyncer(GlobalFragments):
                 whole = whole or MergedFragment(p, version, self.full_codec.encode(self.held[p]), now, pairs)
                 message = whole
             self.synced[(learner, p)] = version
-            self._post(learner, message, hold_s)
+            self._post(learner, message, hold_s if self.can_hold(learner) else None)
 
     def _keep_seqs(self) -> int:
         # Enough history to recognise a re-sent push: a push older than this would be stale.

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dlc.algo.decoupled.learner import SentRecord
-from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment
+from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import load_corpus, split_corpus
@@ -93,22 +93,6 @@ def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
     assert sync.versions[3] == 5 and not sync.waiting
     np.testing.assert_array_equal(sync.gather(3), G)
     assert sync.steps_since[3] == 0  # replaced: the steps since the push were thrown away with it
-
-
-def test_every_message_of_a_bundle_is_taken_the_merged_fragment_and_the_next_request():
-    run = make_run(twin_recipe(learners=1, overlap_steps=1, sync_interval_steps=4))
-    sync, learner = run.syncs[0], run.syncs[0].learner
-    sync.receive(FragmentRequest(2, 0, 0.0))
-    learner.train_step()
-    sync.after_step()  # pushes 2 at step 1
-    G = np.full(sync.plan.size(2), 0.5, np.float32)
-    merged = MergedFragment(2, 1, get_codec("none").encode(G), 0.0, ((0, sync.seq - 1),))
-    sync.receive(Bundle((merged, FragmentRequest(3, 0, 0.0))))
-    learner.train_step()
-    sync.after_step()  # step 2 = 1 + tau: adopts 2, and answers the request for 3
-    assert sync.versions[2] == 1 and sync.pushes == 2 and 3 in sync.sent
-    assert not sync.unacked.get(0)  # the merge acknowledged the push of 2
-    np.testing.assert_array_equal(sync.gather(2), G)
 
 
 def test_a_push_sent_at_once_carries_the_step_as_a_heartbeat_and_a_re_send_does_not():

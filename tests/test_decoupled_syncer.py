@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 
-from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment, Push
+from dlc.algo.decoupled.messages import MergedFragment, Push
 from dlc.algo.decoupled.syncer import DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
-from dlc.net.transport import message_bytes
 from tests.helpers import FakeClock
 
 SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
@@ -30,7 +29,7 @@ def make(quorum=1, learners=2, **syncer):
             },
         }
     )
-    plan = FragmentPlan.build(SHAPES, recipe.syncer.fragments)
+    plan = FragmentPlan.build(SHAPES, 2)
     initial = {"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)}
     delivered = []  # merged fragments only
     clock = FakeClock()
@@ -164,100 +163,6 @@ def test_the_global_step_follows_the_median_learner_and_opens_one_round_per_h_ov
     assert [f for m, f, _ in requests if m == 0] == [r % 2 for r in range(19)]
 
 
-def drive(syncer, clock, until, pace=0.1, dt=0.01):
-    """Tick every `dt` with every member stepping every `pace` seconds, until `until()` holds."""
-    for _ in range(1000):
-        if until():
-            return
-        clock.now = round(clock.now + dt, 6)
-        for m in syncer.members:
-            syncer.heartbeat(m, int(clock.now / pace + 1e-9))
-        syncer.tick()
-    raise AssertionError("never happened")
-
-
-def close_a_round(overlap_steps=2, late_s=0.0, before_close=None, **syncer_settings):
-    """A syncer whose rounds open once a global step (P = H = 4, 10 steps/s), just past closing one
-    that both learners pushed `late_s` after its request; returns it, its deliveries since, and p."""
-    syncer, plan, _, clock = make(
-        learners=2, fragments=4, sync_interval_steps=4, overlap_steps=overlap_steps, **syncer_settings
-    )
-    sent = []
-    syncer.deliver = lambda m, msg: sent.append((m, msg)) or message_bytes(msg)
-    drive(syncer, clock, lambda: len(sent) == 2)  # the first round opens: both learners asked
-    p = sent[0][1].fragment
-    sent.clear()
-    clock.now += late_s
-    for m in (0, 1):
-        syncer.push(push(m, p, np.ones(plan.size(p)), seq=0))
-    if before_close is not None:
-        before_close(syncer)
-    assert syncer.tick() == 1
-    return syncer, clock, sent, p
-
-
-def test_a_merged_fragment_waits_for_the_next_request_and_goes_down_with_it():
-    syncer, clock, sent, p = close_a_round()
-    assert sent == []  # the next request is due within a step: the merged fragment waits for it
-    drive(syncer, clock, lambda: sent)
-    assert [m for m, _ in sent] == [0, 1] and syncer.deliveries == 4  # 2 requests, then 2 bundles
-    for _, bundle in sent:
-        merged, request = bundle.messages
-        assert isinstance(bundle, Bundle) and isinstance(request, FragmentRequest)
-        assert (merged.fragment, merged.version, request.fragment) == (p, 1, (p + 1) % 4)
-
-
-def test_a_merged_fragment_goes_alone_when_the_request_is_late_or_no_overlap_allows_a_wait():
-    syncer, clock, sent, p = close_a_round()
-    syncer.schedule.advance = lambda now, learners: []  # the next round never opens
-    closed_at = clock.now
-    drive(syncer, clock, lambda: sent)
-    assert clock.now - closed_at == pytest.approx(0.1, abs=0.015)  # held about a step time, then sent alone
-    assert all(isinstance(msg, MergedFragment) and msg.version == 1 for _, msg in sent) and len(sent) == 2
-    syncer, clock, sent, p = close_a_round(overlap_steps=1)  # a wait could delay the adoption: none
-    assert [(m, type(msg)) for m, msg in sent] == [(0, MergedFragment), (1, MergedFragment)]
-
-
-def test_a_merged_fragment_waits_only_when_that_delays_no_adoption():
-    # Closed 1.6 steps after the request (a straggler's grace window): with tau = 2 the earliest
-    # pusher may adopt half a step from now, so the merge leaves at once, before the next request.
-    syncer, clock, sent, p = close_a_round(late_s=0.16)
-    assert [(m, type(msg)) for m, msg in sent[:2]] == [(0, MergedFragment), (1, MergedFragment)]
-
-    # The next round, due now, is p's own: taken with the request, p would be pushed from the old
-    # anchor first and adopted tau steps later.
-    def next_is_p(syncer):
-        schedule, p = syncer.schedule, syncer.book.closable(syncer.active())[0]
-        schedule.next_round += (p - schedule.next_round) % 4
-        schedule.global_step = schedule.next_round + 0.99
-
-    syncer, clock, sent, p = close_a_round(before_close=next_is_p)
-    assert [(m, type(msg), msg.fragment) for m, msg in sent] == [(0, MergedFragment, p), (1, MergedFragment, p)]
-    # Learner 1's downlink is emulated: a wait would hold up the whole transfer behind it.
-    syncer, clock, sent, p = close_a_round(before_close=lambda s: setattr(s, "can_hold", lambda m: m != 1))
-    assert [(m, type(msg)) for m, msg in sent] == [(1, MergedFragment)]
-    drive(syncer, clock, lambda: len(sent) > 1)
-    assert [(m, type(msg)) for m, msg in sent[1:]] == [(0, Bundle), (1, FragmentRequest)]
-
-
-def test_what_waits_for_a_learner_that_leaves_or_restarts_is_dropped_and_bytes_count_when_sent():
-    syncer, clock, sent, p = close_a_round(down_codec="int4", codec_block_values=4)
-    assert syncer.bytes_down == 0  # nothing has gone down yet
-    syncer.leave(1)
-    drive(syncer, clock, lambda: sent)
-    ((learner, bundle),) = sent
-    assert learner == 0 and isinstance(bundle, Bundle) and bundle.messages[0].base_version == 0  # a difference
-    assert syncer.bytes_down == bundle.messages[0].payload.nbytes
-    syncer.flush()  # the end of the run sends whatever waits: nothing does
-    assert len(sent) == 1 and not syncer.outbox
-    # A new process of learner 1 gets every merged fragment whole, at once, instead of what waited.
-    syncer, clock, sent, p = close_a_round(down_codec="int4", codec_block_values=4)
-    syncer.rejoin(1)
-    drive(syncer, clock, lambda: len(sent) > 1)
-    assert [(m, type(msg)) for m, msg in sent] == [(1, MergedFragment), (0, Bundle), (1, FragmentRequest)]
-    assert sent[0][1].base_version is None and sent[0][1].version == 1
-
-
 def test_a_push_sent_at_once_is_its_learners_heartbeat():
     syncer, plan, _, clock = make(learners=2, heartbeat_timeout_s=1.0)
     clock.now = 5.0  # both joined at 0: no longer healthy
@@ -266,6 +171,9 @@ def test_a_push_sent_at_once_is_its_learners_heartbeat():
     syncer.push(Push(1, 0, 0, 4, 400, 0, get_codec("none").encode(np.ones(plan.size(0))), 0.0))  # re-sent
     assert syncer.healthy() == {0}
     assert syncer.schedule._reports[0].samples[-1] == (5.0, 40) and 1 not in syncer.schedule._reports
+    syncer.leave(1)  # its last push, after it left (or an old process's), says nothing of a member
+    syncer.push(Push(1, 1, 0, 4, 400, 1, get_codec("none").encode(np.ones(plan.size(1))), 0.0, step=41))
+    assert 1 not in syncer.heartbeats or syncer.heartbeats[1] == 0.0
 
 
 def test_a_learner_that_stops_stepping_no_longer_counts_and_the_clock_goes_on():

@@ -48,8 +48,6 @@ class SyncerWorker:
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed + 1)  # downlinks
         self.algorithm = get_algorithm(self.recipe.algorithm)
         self.syncer = self.algorithm.syncer(self.recipe, self.shapes, self._deliver, time.monotonic)
-        if hasattr(self.syncer, "can_hold"):  # a merged fragment waits for a request only on an ideal downlink
-            self.syncer.can_hold = self.transport.immediate
         self.checkpointer = Checkpointer(self.storage.syncer_dir(), self.recipe.checkpoint.keep)
         self.journal = Journal(syncer_journal_path(Path(run_dir)))
         self.syncer.journal = self._journal_round

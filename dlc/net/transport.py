@@ -21,17 +21,6 @@ class Message(Protocol):
     payload: Encoded | None  # None: a control message, counted as 0 bytes
 
 
-class Bundled(Protocol):
-    messages: tuple[Message, ...]  # several messages in one call, counted as the sum of theirs
-
-
-def message_bytes(message: Message | Bundled) -> int:
-    """The bytes a message carries: its payload's, or the sum over a bundle's `messages`."""
-    if hasattr(message, "messages"):
-        return sum(message_bytes(part) for part in message.messages)
-    return message.payload.nbytes if message.payload is not None else 0
-
-
 class RemoteMethod(Protocol):
     def remote(self, *args: Any) -> Any: ...
 
@@ -64,9 +53,9 @@ class Transport:
         emulated = self.link(link)
         return not (emulated.spec.emulated or emulated.impaired)
 
-    def send(self, method: RemoteMethod, message: Message | Bundled, link: int | None = None) -> int:
+    def send(self, method: RemoteMethod, message: Message, link: int | None = None) -> int:
         """`method.remote(message)` now, or when learner `link`'s link delivers it; returns the bytes counted."""
-        nbytes = message_bytes(message)
+        nbytes = message.payload.nbytes if message.payload is not None else 0
         if link is None or self.immediate(link):
             method.remote(message)
         else:

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment, Push
+from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
@@ -199,17 +199,12 @@ class DecoupledLearnerSync:
         self.learner.train_step()
         return self.after_step()
 
-    def receive(self, msg: MergedFragment | FragmentRequest | Bundle) -> None:
-        """Called from another thread when the syncer asks for a fragment or delivers a merged one
-        (or several of those, bundled in one delivery: taken in order).
+    def receive(self, msg: MergedFragment | FragmentRequest) -> None:
+        """Called from another thread when the syncer asks for a fragment or delivers a merged one.
 
         A merged fragment is acknowledged, resolved against what is held, decoded and put on the
         device here, so the loop only swaps it in.
         """
-        if isinstance(msg, Bundle):
-            for part in msg.messages:
-                self.receive(part)
-            return
         if isinstance(msg, FragmentRequest):
             self.inbox.put(msg)
             return

@@ -59,15 +59,3 @@ class MergedFragment:
     sent_at: float
     merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
     base_version: int | None = None
-
-
-@dataclass(frozen=True)
-class Bundle:
-    """Syncer -> learner: several messages in one delivery, taken in order.
-
-    A Ray call costs both ends about a millisecond of CPU whatever it carries, so the syncer sends a
-    merged fragment together with the next round's request when that request is due soon
-    (`DecoupledSyncer`): one delivery per learner and round instead of two.
-    """
-
-    messages: tuple[MergedFragment | FragmentRequest, ...]

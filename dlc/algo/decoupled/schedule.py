@@ -106,11 +106,6 @@ class Schedule:
         times = [1.0 / r for m in learners if (r := self._rate(m)) is not None and r > 0]
         return sum(times) / len(times) if times else None
 
-    def shortest_step_s(self, learners: Collection[int]) -> float | None:
-        """The step time of the fastest of ``learners``, or None when none is measured."""
-        rates = [r for m in learners if (r := self._rate(m)) is not None and r > 0]
-        return 1.0 / max(rates) if rates else None
-
     def _rate(self, learner: int) -> float | None:
         reports = self._reports.get(learner)
         return reports.rate() if reports is not None else None
@@ -129,14 +124,6 @@ class Schedule:
                 due.append(self.next_round % self.P)
             self.next_round += 1
         return due
-
-    def next_round_in_s(self, learners: Collection[int]) -> float | None:
-        """Seconds until the next round opens at the median rate of ``learners`` (as of the last
-        `advance`), or None when no rate is measured."""
-        rate = self.rate(learners)
-        if rate is None:
-            return None
-        return max(0.0, ((self.next_round + 1) * self.spacing - self.global_step) / rate)
 
     def state(self) -> dict[str, float | int]:
         return {"global_step": self.global_step, "next_round": self.next_round}

@@ -7,12 +7,6 @@ last adopted p. Quorum and the grace window decide when the round closes; the me
 then goes down once to every member, fp32, bf16, or as a compressed difference from the version
 the learners hold, with the compression error fed back into the next round of p.
 
-A learner adopts a merged fragment no earlier than `tau` steps after it sent p, so with tau >= 2
-a merged fragment may wait for the next round's request, when that comes soon enough to delay no
-adoption (`hold_s`), and go down with it in one `Bundle`: a delivery costs both processes about a
-millisecond of CPU whatever it carries, and this halves the syncer's deliveries when a fragment
-leaves every step.
-
 Not thread-safe and free of Ray: the engine's actor wraps it with a lock and a ticking thread,
 tests drive it with a fake clock. Every decision is reported as an event for the run log.
 """
@@ -26,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dlc.algo.decoupled.guards import GraceWindow
-from dlc.algo.decoupled.messages import Bundle, FragmentRequest, MergedFragment, Push
+from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.rounds import Reject, RoundBook, RoundResult
 from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
@@ -38,7 +32,7 @@ from dlc.core.fragments import FragmentPlan
 # Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
 EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
 
-Deliver = Callable[[int, MergedFragment | FragmentRequest | Bundle], int]  # (learner, message) -> bytes sent
+Deliver = Callable[[int, MergedFragment | FragmentRequest], int]  # (learner, message) -> bytes sent
 
 # Downlink codecs that send the difference from the version the learners hold.
 DIFF_CODECS = frozenset({"int8", "int4"})
@@ -108,14 +102,6 @@ class DecoupledSyncer(GlobalFragments):
         self.synced: dict[tuple[int, int], int] = {}
         self.asked: dict[int, set[int]] = {}  # open rounds: the learners asked for the fragment
         self.requests_sent = 0
-        # Merged fragments waiting to go down with the next request, per learner, and when they
-        # must leave without it (the round opened later than the schedule said).
-        self.outbox: dict[int, list[MergedFragment]] = {}
-        self.outbox_until: dict[int, float] = {}
-        self.deliveries = 0  # calls of `deliver`, bundles counted once
-        # Whether a message to a learner goes out at once (the engine's downlink is ideal): only
-        # then may a merged fragment wait for the next request.
-        self.can_hold: Callable[[int], bool] = lambda learner: True
 
     def _new_book(self, versions: list[int]) -> RoundBook:
         cfg = self.cfg
@@ -148,7 +134,7 @@ class DecoupledSyncer(GlobalFragments):
             elif not holds_initial and version > 0:
                 value = self.held[p] if self.diff_down else self.theta[p]
                 message = MergedFragment(p, version, self.full_codec.encode(value), self.clock())
-                self._post(learner, message)
+                self.bytes_down += self.deliver(learner, message)
                 self.synced[(learner, p)] = version
 
     def rejoin(self, learner: int) -> None:
@@ -162,12 +148,8 @@ class DecoupledSyncer(GlobalFragments):
         self._unsync(learner)
 
     def _unsync(self, learner: int) -> None:
-        """Forget what `learner` holds, and what waits to go down to it: it left, or a new process
-        took its place and gets every fragment whole."""
         for key in [k for k in self.synced if k[0] == learner]:
             del self.synced[key]
-        self.outbox.pop(learner, None)
-        self.outbox_until.pop(learner, None)
 
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         """Learner `learner` is alive, at inner step `step` (None: it does not say)."""
@@ -224,26 +206,21 @@ class DecoupledSyncer(GlobalFragments):
             )
 
     def tick(self) -> int:
-        """Close every round that may close now, advance the global step and open the rounds it
-        reaches (after the closes, so a merged fragment and a request due now go down together);
-        returns how many closed."""
+        """Advance the global step, open the rounds it reaches, close every round that may close
+        now; returns how many closed."""
         healthy = self.healthy()
         active = self.active(healthy)
         if self.scheduled:
+            for p in self.schedule.advance(self.clock(), active):
+                self.open_round(p, healthy)
+            for p in list(self.asked):  # a learner healthy again while p's round is open is asked too
+                self._ask(p, healthy)
             step_time = self.schedule.step_time_s(active)
             if step_time is not None:
                 self.book.grace.step_time_s = step_time
         ready = self.book.closable(active)
         for p in ready:
             self._close(p, active)
-        if self.scheduled:
-            for p in self.schedule.advance(self.clock(), active):
-                self.open_round(p, healthy)
-            for p in list(self.asked):  # a learner healthy again while p's round is open is asked too
-                self._ask(p, healthy)
-        now = self.clock()
-        for learner in [m for m, until in self.outbox_until.items() if now >= until]:
-            self._send(learner, [])
         return len(ready)
 
     def open_round(self, p: int, healthy: set[int] | None = None) -> None:
@@ -259,7 +236,7 @@ class DecoupledSyncer(GlobalFragments):
             return
         request = FragmentRequest(p, self.book.version(p), self.clock())
         for learner in sorted(new):
-            self._post(learner, request)
+            self.deliver(learner, request)
             self.requests_sent += 1
         self.asked[p] |= new
 
@@ -268,8 +245,6 @@ class DecoupledSyncer(GlobalFragments):
         pending = [p for p in range(self.plan.num_fragments) if self.book.pending(p)]
         for p in pending:
             self._close(p, self.healthy())
-        for learner in list(self.outbox):
-            self._send(learner, [])
         return len(pending)
 
     def _close(self, p: int, healthy: set[int]) -> RoundResult:
@@ -315,60 +290,18 @@ class DecoupledSyncer(GlobalFragments):
                     "event": event,  # the round's record survives the syncer, even undrained
                 }
             )
-        self._send_down(p, result.version, pairs, result.opened_at)
+        self._send_down(p, result.version, pairs)
         self.book.mark_sent(p)
         self.events.append(event)
         return result
 
-    # -- delivery ------------------------------------------------------------------------------
-
-    def _post(self, learner: int, message: MergedFragment | FragmentRequest, hold_s: float | None = None) -> None:
-        """Send `message` to `learner` behind whatever waits for it; with `hold_s`, a merged
-        fragment waits (at most `hold_s` seconds) for the next message to go down with it."""
-        if hold_s is None:
-            self._send(learner, [message])
-            return
-        self.outbox.setdefault(learner, []).append(message)
-        self.outbox_until.setdefault(learner, self.clock() + hold_s)
-
-    def _send(self, learner: int, messages: list[MergedFragment | FragmentRequest]) -> None:
-        """Deliver what waits for `learner`, then `messages`, in one call."""
-        messages = self.outbox.pop(learner, []) + messages
-        self.outbox_until.pop(learner, None)
-        if messages:
-            self.bytes_down += self.deliver(learner, messages[0] if len(messages) == 1 else Bundle(tuple(messages)))
-            self.deliveries += 1
-
-    def hold_s(self, p: int, opened_at: float) -> float | None:
-        """How long merged fragment p, whose round opened at `opened_at` and closed now, may wait
-        for the next round's request to go down with it; None: it goes at once.
-
-        A learner asked for p pushes it at a step boundary after `opened_at` and adopts the merge
-        no earlier than tau of its steps later. So with tau >= 2 the merge may wait until half a
-        (shortest) step before `opened_at + tau` steps without delaying any adoption, and it does
-        when the next request comes before that. Not when that request is for p itself: the
-        learner would push p from the old anchor before adopting, and adopt tau steps later.
-        """
-        tau = self.cfg.overlap_steps
-        if not self.scheduled or tau < 2:
-            return None
-        active = self.active()
-        step_s = self.schedule.shortest_step_s(active)
-        due_s = self.schedule.next_round_in_s(active)
-        if step_s is None or due_s is None or self.schedule.next_round % self.plan.num_fragments == p:
-            return None
-        hold_s = min(step_s, opened_at + (tau - 0.5) * step_s - self.clock())
-        return hold_s if due_s <= hold_s else None
-
-    def _send_down(self, p: int, version: int, pairs: tuple[tuple[int, int], ...], opened_at: float) -> None:
-        """Send fragment p at `version` once to every member, contributors or not (a member whose
-        downlink is emulated at once: a wait there would delay the whole transfer)."""
+    def _send_down(self, p: int, version: int, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Send fragment p at `version` once to every member, contributors or not."""
         now = self.clock()
-        hold_s = self.hold_s(p, opened_at)
         if not self.diff_down:
             message = MergedFragment(p, version, self.down_codec.encode(self.theta[p]), now, pairs)
             for learner in sorted(self.members):
-                self._post(learner, message, hold_s if self.can_hold(learner) else None)
+                self.bytes_down += self.deliver(learner, message)
             return
         # The difference from what the learners hold; what compression loses stays in theta - held
         # and goes down with the next round of p (error feedback).
@@ -383,7 +316,7 @@ class DecoupledSyncer(GlobalFragments):
                 whole = whole or MergedFragment(p, version, self.full_codec.encode(self.held[p]), now, pairs)
                 message = whole
             self.synced[(learner, p)] = version
-            self._post(learner, message, hold_s if self.can_hold(learner) else None)
+            self.bytes_down += self.deliver(learner, message)
 
     def _keep_seqs(self) -> int:
         # Enough history to recognise a re-sent push: a push older than this would be stale.
@@ -462,8 +395,6 @@ class DecoupledSyncer(GlobalFragments):
         # What the learners hold is unknown after a restart: each gets the next value whole.
         self.synced.clear()
         self.asked.clear()
-        self.outbox.clear()
-        self.outbox_until.clear()
         self.held = [t.copy() for t in self.theta] if self.diff_down else []
 
     # -- views ---------------------------------------------------------------------------------
@@ -483,8 +414,6 @@ class DecoupledSyncer(GlobalFragments):
             "global_step": round(self.schedule.global_step, 1),
             "grace_window_s": round(self.book.grace.window_s(), 4),
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
-            "deliveries": self.deliveries,
-            "requests_sent": self.requests_sent,
             **counter_status(self, now),
         }
 

@@ -24,6 +24,7 @@ class NoSync:
     incarnation = 0
     waiting_s = 0.0
     idle = None
+    beat_at = float("-inf")
 
     def __init__(self, recipe: Recipe, learner: Learner, *args: Any) -> None:
         self.learner = learner

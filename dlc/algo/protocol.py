@@ -25,6 +25,9 @@ class LearnerSync(Protocol):
     incarnation: int  # which process of this learner index this is (0, then +1 per restart)
     waiting_s: float  # time the loop spent blocked on the network or on other learners
     idle: Callable[[], None] | None  # called now and then while blocked
+    # When a message last told the syncer this learner lives (time.monotonic; -inf: its messages
+    # never do): the engine's heartbeat thread stays quiet for an interval after it.
+    beat_at: float
 
     def step(self, stop: threading.Event) -> list[dict[str, Any]]: ...
     def receive(self, message: Any) -> None: ...

@@ -218,7 +218,7 @@ class LearnerWorker:
         """Tell the syncer this learner lives, and its step, every interval in which no push did."""
         interval = self.recipe.syncer.heartbeat_interval_s
         while not self._stop.wait(interval):
-            if time.monotonic() - getattr(self.sync, "beat_at", float("-inf")) >= interval:
+            if time.monotonic() - self.sync.beat_at >= interval:
                 self.syncer.heartbeat.remote(self.index, self.learner.step)
 
     def _loop(self) -> None:

@@ -1,4 +1,5 @@
-"""What one fire-and-forget Ray actor call costs the two processes, in CPU time.
+"""What one fire-and-forget Ray actor call costs the two processes, in CPU time, against one
+message on dlc's direct channel (`syncer.channel: direct`, `dlc.net.channel`).
 
     python bench/ray_calls.py [--calls 3000] [--gap-ms 2] [--repeats 2]
 
@@ -6,8 +7,10 @@ One actor sends another `--calls` calls, one every `--gap-ms` (as a learner push
 syncer delivers: a call at a time, never a burst), to a method in a one-thread concurrency group
 (as `LearnerWorker.deliver` and `SyncerWorker.push` are). Each process reads its own CPU time
 from `os.times()`; the sender's idle loop (the same sleeps, no call) is measured and taken off.
-Payloads: a bare int, and a merged fragment of tiny (int4, 9,200 values) as the syncer sends it;
-each with and without a return object. Prints a Markdown table; nothing is appended anywhere.
+The same sends then go on a direct channel between the two actors (a `Hub` in the receiver, an
+`Uplink` in the sender). Payloads: a bare int, and a merged fragment of tiny (int4, 9,200 values)
+as the syncer sends it; each as a Ray call with and without a return object, and on the channel.
+Prints a Markdown table; nothing is appended anywhere.
 """
 
 from __future__ import annotations
@@ -43,15 +46,31 @@ class Receiver:
     def count(self) -> int:
         return self.calls
 
+    def open_channel(self) -> tuple[tuple[str, int], bytes]:
+        from dlc.net.channel import Hub
+
+        self.hub = Hub("127.0.0.1", lambda message: self.take(message))
+        return self.hub.address, self.hub.authkey
+
     def cpu_s(self) -> float:
         return cpu_s()
 
 
 @ray.remote
 class Sender:
+    def connect(self, channel: tuple[tuple[str, int], bytes]) -> None:
+        from dlc.net.channel import Uplink
+
+        self.uplink = Uplink(lambda message: None)
+        self.uplink.connect(*channel, learner=0)
+
     def send(self, receiver: object, calls: int, gap_s: float, message: object, returns: bool | None) -> float:
-        """CPU seconds of `calls` sends, a gap apart (returns None: the gaps alone, no send)."""
-        method = None if returns is None else receiver.take if returns else receiver.take_no_return
+        """CPU seconds of `calls` sends, a gap apart (returns None: the gaps alone, no send; receiver
+        None: on the direct channel)."""
+        if receiver is None:
+            method = self.uplink
+        else:
+            method = None if returns is None else receiver.take if returns else receiver.take_no_return
         start = cpu_s()
         for _ in range(calls):
             if method is not None:
@@ -75,6 +94,7 @@ def main() -> None:
     try:
         receiver, sender = Receiver.remote(), Sender.remote()
         ray.get([receiver.count.remote(), sender.__ray_ready__.remote()])
+        ray.get(sender.connect.remote(ray.get(receiver.open_channel.remote())))
         fragment = np.random.default_rng(0).standard_normal(9200).astype(np.float32)
         merged = MergedFragment(3, 10, get_codec("int4", 64).encode(fragment), 0.0, ((0, 5), (1, 7)), base_version=9)
         payloads = {"int": 1, "merged fragment (int4, 9,200 values)": merged}
@@ -82,25 +102,26 @@ def main() -> None:
         idle = statistics.median(ray.get(sender.send.remote(receiver, n, gap_s, 1, None)) for _ in range(2)) / n
         rows = []
         for name, message in payloads.items():
-            for returns in (True, False):
+            for how in ("ray call, return object", "ray call, no return", "direct channel"):
                 sent, taken = [], []
+                to, returns = (None, False) if how == "direct channel" else (receiver, how.endswith("object"))
                 for _ in range(args.repeats):
                     before, done = ray.get(receiver.cpu_s.remote()), ray.get(receiver.count.remote())
-                    sent.append(ray.get(sender.send.remote(receiver, n, gap_s, message, returns)) / n - idle)
+                    sent.append(ray.get(sender.send.remote(to, n, gap_s, message, returns)) / n - idle)
                     while ray.get(receiver.count.remote()) < done + n:
                         time.sleep(0.01)
                     taken.append((ray.get(receiver.cpu_s.remote()) - before) / n)
-                rows.append((name, returns, statistics.median(sent), statistics.median(taken)))
+                rows.append((name, how, statistics.median(sent), statistics.median(taken)))
     finally:
         stop_cluster()
     print(
         f"`python bench/ray_calls.py --calls {n} --gap-ms {args.gap_ms} --repeats {args.repeats}` on "
         f"{platform.node()} ({os.cpu_count()} CPUs), ray {ray.__version__}\n"
     )
-    print("| payload | return object | sender CPU per call (ms) | receiver CPU per call (ms) | both |")
+    print("| payload | sent as | sender CPU per message (ms) | receiver CPU per message (ms) | both |")
     print("|---|---|---|---|---|")
-    for name, returns, s, r in rows:
-        print(f"| {name} | {'yes' if returns else 'no'} | {1e3 * s:.3f} | {1e3 * r:.3f} | {1e3 * (s + r):.3f} |")
+    for name, how, s, r in rows:
+        print(f"| {name} | {how} | {1e3 * s:.3f} | {1e3 * r:.3f} | {1e3 * (s + r):.3f} |")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Two learners each, a short run: the point is that each algorithm trains end to end, that its
 barrier holds every learner to the same versions, that its bytes are what its messages weigh,
-and that time blocked on the (emulated) network is filed as waiting.
+and that time blocked on the (emulated) network is filed as waiting. diloco's messages go as Ray
+actor calls, dp's on the direct channel.
 """
 
 import json
@@ -47,7 +48,9 @@ def test_blocking_diloco_syncs_every_h_steps_and_learns(tmp_path):
     recipe = load_recipe(TINY)
     H = recipe.syncer.sync_interval_steps
     steps = 4 * H
-    run_dir, summary = train(tmp_path, "algorithm=diloco", f"run.max_steps={steps}")
+    # Its messages go as Ray actor calls (syncer.channel=ray); every other end-to-end run uses the
+    # direct channel, the default.
+    run_dir, summary = train(tmp_path, "algorithm=diloco", f"run.max_steps={steps}", "syncer.channel=ray")
     assert summary["status"] == "completed"
     assert summary["eval_loss_final"] < 0.65 * summary["eval_loss_initial"]
     assert summary["rounds"] == 4 and summary["mean_contributors"] == 2.0

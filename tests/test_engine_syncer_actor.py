@@ -16,7 +16,8 @@ from tests.helpers import TINY, marked_storage
 
 
 def worker(run_dir, register=True):
-    overrides = ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2"]
+    # Fake learner handles take the deliveries: messages go as actor calls, not on the direct channel.
+    overrides = ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2", "syncer.channel=ray"]
     recipe = load_recipe(TINY, [*overrides, "syncer.merge=mean", "syncer.down_codec=none"])
     w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir), marked_storage(run_dir))
     delivered = []

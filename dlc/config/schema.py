@@ -333,6 +333,11 @@ class SyncerConfig(Section):
         "int8 / int4 send the difference from the version the learner holds, the error fed back next round.",
     )
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved for the syncer.")
+    channel: Literal["direct", "ray"] = Field(
+        "direct",
+        description="How requests, pushes, merged fragments and heartbeats travel: direct, on one authenticated "
+        "socket per learner to the syncer's node (a tenth of the CPU of an actor call); ray, as Ray actor calls.",
+    )
     checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
 
     @field_validator("weighting", mode="before")

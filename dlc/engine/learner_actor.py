@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import traceback
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ class LearnerWorker:
         self.compiles = CompileLog(cached=self.recipe.run.compile_cache)
         from dlc.algo import get_algorithm
         from dlc.core.learner import Learner
+        from dlc.net.channel import Uplink
         from dlc.net.transport import Transport
 
         # Seconds of each start-up phase; "process_s" runs from the request to start this process.
@@ -85,11 +87,16 @@ class LearnerWorker:
         if requested_at is not None:
             self.startup["process_s"] = round(constructed - requested_at, 3)
         self.syncer = syncer
+        # syncer.channel=direct: messages to and from the syncer go on one socket (`dlc.net.channel`),
+        # connected when the loop starts; ray: they are calls of the syncer's and this actor's methods.
+        self.uplink = Uplink(self._receive) if self.recipe.syncer.channel == "direct" else None
+        self._link_lock = threading.Lock()
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
         self.algorithm = get_algorithm(self.recipe.algorithm)
-        self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, syncer)
+        upstream = syncer if self.uplink is None else SimpleNamespace(push=self.uplink)
+        self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, upstream)
         self.sync.idle = self._serve_export  # a learner blocked on the others still serves state copies
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
         # names one push for the whole run, also across syncer restarts.
@@ -207,6 +214,8 @@ class LearnerWorker:
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
             self.sync.resume_from_global(global_fragments, versions)
+        with self._link_lock:
+            self._connect(self.syncer)
         self.sync.start_background()
         self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
         self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -218,8 +227,35 @@ class LearnerWorker:
         """Tell the syncer this learner lives, and its step, every interval in which no push did."""
         interval = self.recipe.syncer.heartbeat_interval_s
         while not self._stop.wait(interval):
+            if self.uplink is not None and not self.uplink.connected:
+                self._reconnect()
             if time.monotonic() - self.sync.beat_at >= interval:
-                self.syncer.heartbeat.remote(self.index, self.learner.step)
+                if self.uplink is not None:
+                    self.uplink.heartbeat(self.index, self.learner.step)
+                else:
+                    self.syncer.heartbeat.remote(self.index, self.learner.step)
+
+    def _connect(self, syncer: Any) -> None:
+        """channel=direct: connect to `syncer`'s channel, unless already connected to it (hold _link_lock)."""
+        if self.uplink is None:
+            return
+        channel = ray.get(syncer.channel.remote(), timeout=60)
+        if self.uplink.connected and self.uplink.peer == (tuple(channel["address"]), channel["authkey"]):
+            return
+        self.uplink.connect(channel["address"], channel["authkey"], self.index)
+
+    def _reconnect(self) -> None:
+        """The connection to the syncer broke: connect again and re-send what it never acknowledged.
+
+        If the syncer itself died this fails until the driver hands over the new one (`set_syncer`);
+        the heartbeat thread tries again every interval.
+        """
+        with self._link_lock:
+            try:
+                self._connect(self.syncer)
+            except (ray.exceptions.RayError, OSError, EOFError):
+                return
+            self.sync.reconnect(self.uplink)
 
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
@@ -326,10 +362,14 @@ class LearnerWorker:
             "host": self.node["host"],
         }
 
-    # One thread: messages from the syncer stay in order. No return value: the syncer never waits
-    # for one, and an object to track costs both ends CPU on every delivery.
+    # channel=ray. One thread: messages from the syncer stay in order. No return value: the syncer
+    # never waits for one, and an object to track costs both ends CPU on every delivery.
     @ray.method(concurrency_group="deliveries", num_returns=0)
     def deliver(self, message: Any) -> None:
+        self._receive(message)
+
+    def _receive(self, message: Any) -> None:
+        """A message from the syncer, in the order it sent them (the channel's reader thread, or `deliver`)."""
         try:
             self.sync.receive(message)
         except Exception:  # nobody waits for this call: the driver fails the run with it
@@ -337,8 +377,10 @@ class LearnerWorker:
 
     def set_syncer(self, syncer: Any) -> int:
         """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
-        self.syncer = syncer
-        return self.sync.reconnect(syncer.push)
+        with self._link_lock:
+            self.syncer = syncer
+            self._connect(syncer)
+            return self.sync.reconnect(syncer.push if self.uplink is None else self.uplink)
 
     def impair_link(self, factor: float | None, seconds: float) -> None:
         """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""
@@ -462,9 +504,13 @@ class LearnerWorker:
         if self.state != "failed":
             pushed = self.sync.push_outstanding()
             self.transport.drain(timeout_s=120)  # pushes still held by an emulated link go out first
-            # Pushes and this barrier share the syncer's one ordered concurrency group, so when
-            # it returns the syncer holds every push: the driver's finish() cannot overtake them.
-            ray.get(self.syncer.barrier.remote(), timeout=120)
+            # The barrier follows the pushes on their channel, or in the syncer's one ordered
+            # concurrency group, so when it returns the syncer holds every push: the driver's
+            # finish() cannot overtake them.
+            if self.uplink is not None:
+                self.uplink.barrier(timeout_s=120)
+            else:
+                ray.get(self.syncer.barrier.remote(), timeout=120)
             with self.lock:
                 self.events.extend(pushed)
                 self.events.append({"kind": "final_push", "learner": self.index, "fragments": len(pushed)})

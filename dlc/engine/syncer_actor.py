@@ -1,7 +1,8 @@
 """The syncer actor: the algorithm's syncer behind a lock, a ticking thread, checkpoints, a journal.
 
-Pushes are handled in one ordered concurrency group, so pushes from one learner stay in order;
-rounds close from a ticking thread. Every closed round is journaled, so a restarted syncer
+Pushes are handled in the order each learner sent them: on the reader thread of its connection
+(`syncer.channel: direct`, `dlc.net.channel`) or in one ordered concurrency group (`ray`); rounds
+close from a ticking thread. Every closed round is journaled, so a restarted syncer
 resumes from its last checkpoint plus the journal: the state at the moment of death.
 """
 
@@ -21,6 +22,7 @@ from dlc.config.schema import Recipe
 from dlc.engine.cluster import node_info
 from dlc.engine.journal import Journal, damaged
 from dlc.errors import UserError
+from dlc.net.channel import Beat, Hub
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.files import syncer_journal_path
 from dlc.run.storage import RunStorage, describe
@@ -38,7 +40,9 @@ class SyncerWorker:
 
         self.recipe = Recipe.model_validate(recipe_json)
         self.storage = RunStorage(storage["location"])
-        self.storage_error = self.storage.check(storage["token"], describe(node_info()))
+        node = node_info()
+        self.hub: Hub | None = None
+        self.storage_error = self.storage.check(storage["token"], describe(node))
         if self.storage_error:  # the driver asks `storage_check` first and ends the run with this line
             return
         _, params = build_model(self.recipe.model, self.recipe.run.seed)
@@ -60,14 +64,30 @@ class SyncerWorker:
         self._last_save = time.monotonic()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
+        if self.recipe.syncer.channel == "direct":  # learners connect to it: on this node's address
+            self.hub = Hub(node["ip"], self._on_message)
 
     def storage_check(self) -> str | None:
         """Why the syncer cannot use the run's storage, or None."""
         return self.storage_error
 
+    def channel(self) -> dict[str, Any] | None:
+        """Where learners connect for the direct channel, and the key they prove (None: channel=ray)."""
+        return None if self.hub is None else {"address": self.hub.address, "authkey": self.hub.authkey}
+
     def _deliver(self, learner: int, message: Any) -> int:
         handle = self.learners.get(learner)
-        return self.transport.send(handle.deliver, message, link=learner) if handle is not None else 0
+        if handle is None:
+            return 0
+        port = self.hub.port(learner) if self.hub is not None else None
+        return self.transport.send(port if port is not None else handle.deliver, message, link=learner)
+
+    def _on_message(self, message: Any) -> None:
+        """A message on the direct channel, from the reader thread of its learner's connection."""
+        if isinstance(message, Beat):
+            self.heartbeat(message.learner, message.step)
+        else:
+            self.push(message)
 
     def impair_link(self, index: int, factor: float | None, seconds: float) -> None:
         """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
@@ -122,17 +142,23 @@ class SyncerWorker:
         parameters (False after a syncer restart: it may have copied a peer since)."""
         with self.lock:
             self.learners[index] = handle
+            if self.hub is not None:
+                self.hub.open(index)
             self.syncer.join(index, holds_initial)
 
     def rejoin(self, index: int, handle: Any) -> None:
         """A restarted learner: a new incarnation of `index` whose seqs start again."""
         with self.lock:
             self.learners[index] = handle
+            if self.hub is not None:
+                self.hub.open(index)  # what was queued for the dead process is dropped
             self.syncer.rejoin(index)
 
     def leave(self, index: int) -> None:
         with self.lock:
             self.learners.pop(index, None)
+            if self.hub is not None:
+                self.hub.drop(index)
             self.syncer.leave(index)
 
     # One thread: pushes from a learner stay in order. No return value (see LearnerWorker.deliver).
@@ -198,7 +224,9 @@ class SyncerWorker:
             return {"status": status, "events": events, "error": self.error}
 
     def close(self) -> None:
-        """Release the journal and checkpoint files (the actor's process does this by ending)."""
+        """Release the journal, checkpoint files and channel (the actor's process does this by ending)."""
+        if self.hub is not None:
+            self.hub.close()
         self.journal.close()
         self.checkpointer.close()
 

@@ -1,0 +1,348 @@
+"""Direct channels between learners and the syncer: the messages of training, beside Ray.
+
+Every Ray actor call costs its two processes about a millisecond of CPU between them, whatever it
+carries (`bench/ray_calls.py`), and at one fragment a step a learner step takes three: the
+syncer's request, the push and the merged fragment. A pickled message on a socket costs about a
+tenth of that. So with `syncer.channel: direct` the syncer listens on its node's address, every
+learner process connects to it, and requests, pushes, merged fragments and heartbeats travel on
+that one connection. Ray still starts, places, watches and restarts the processes and carries
+everything else (state copies, polls, control); the transport's link emulation sits in front of
+these channels as it does in front of actor calls.
+
+A connection is served only after it proves it holds the run's key (the HMAC challenge of
+`multiprocessing.connection`); learners get the key from the syncer through Ray. Messages are
+pickled, so nothing is unpickled before that proof.
+
+Failures keep the semantics of fire-and-forget actor calls: a message to or from a process that
+died is lost, never an error for the sender, and nobody waits on a frozen process. Each learner's
+messages from the syncer have a queue and a thread of their own (a frozen learner fills only its
+own socket), held until its process connects; a new member or a new incarnation gets a fresh
+queue. A learner whose connection breaks connects again (`Uplink.connected`); pushes the syncer
+never acknowledged are re-sent by the learner's protocol, as after a syncer restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import (
+    AuthenticationError,
+    Client,
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
+from typing import Any
+
+# Errors of a connection that closed, broke or was hung up on: the peer is gone.
+_GONE = (EOFError, OSError, ValueError, AuthenticationError)
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Learner -> syncer, first on every connection: which learner's messages it carries down."""
+
+    learner: int
+
+
+@dataclass(frozen=True)
+class Beat:
+    """Learner -> syncer: a heartbeat, with the learner's inner step (None: it does not say)."""
+
+    learner: int
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Learner -> syncer and back: every message the learner sent before it has been handled."""
+
+    token: int
+
+
+def _hang_up(conn: Connection) -> None:
+    """Shut the connection down both ways, waking any thread blocked on it; its reader closes it."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed or never connected
+        pass
+
+
+class _Peer:
+    """One learner process's connection as the syncer holds it: whole messages, one writer at a time."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: Any) -> bool:
+        """False if the connection is gone (the message is lost, like a call to a dead actor)."""
+        try:
+            with self._lock:
+                self.conn.send(message)
+            return True
+        except _GONE:
+            return False
+
+    def close(self) -> None:
+        with self._lock:  # not under a send on another thread
+            self.conn.close()
+
+
+class Port:
+    """The syncer's messages to one learner, in order, sent by a thread of their own.
+
+    `remote(message)` queues and returns at once (the shape of a Ray method, so the transport can
+    hold it behind an emulated link). Messages wait until the learner's process connects; when its
+    connection breaks they wait for the next one, until the port is closed.
+    """
+
+    def __init__(self, learner: int) -> None:
+        self.learner = learner
+        self._queue: deque[Any] = deque()
+        self._cond = threading.Condition()
+        self._peer: _Peer | None = None
+        self._closed = False
+        threading.Thread(target=self._run, name=f"port-{learner}", daemon=True).start()
+
+    def remote(self, message: Any) -> None:
+        with self._cond:
+            if not self._closed:
+                self._queue.append(message)
+                self._cond.notify()
+
+    def attach(self, peer: _Peer) -> None:
+        """From now on messages go to `peer` (a learner process that connected, or connected again)."""
+        with self._cond:
+            old, self._peer = self._peer, peer
+            self._cond.notify()
+        if old is not None and old is not peer:
+            _hang_up(old.conn)
+
+    def close(self) -> None:
+        """Drop what is queued and hang up: the learner left, or a new incarnation replaces it."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            peer, self._peer = self._peer, None
+            self._cond.notify()
+        if peer is not None:
+            _hang_up(peer.conn)
+
+    def detach(self, peer: _Peer) -> None:
+        """`peer`'s connection ended: hold messages for the next one."""
+        with self._cond:
+            if self._peer is peer:
+                self._peer = None
+
+    @property
+    def connected(self) -> bool:
+        return self._peer is not None
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (self._peer is None or not self._queue):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                peer, message = self._peer, self._queue.popleft()
+            if not peer.send(message):  # lost; the next messages wait for a new connection
+                self.detach(peer)
+
+
+class Hub:
+    """The syncer's end: a listener on `host`, one reader thread per learner process, one port per member.
+
+    `handle(message)` is called with every message a learner sends but a barrier, from the reader
+    thread of its connection, so one learner's messages are handled in the order it sent them.
+    """
+
+    def __init__(self, host: str, handle: Callable[[Any], None]) -> None:
+        self.authkey = os.urandom(32)
+        # Each connection proves the key on its own thread, so one that stalls half-way holds up no other.
+        self._listener = Listener((host, 0), backlog=64)
+        self.address: tuple[str, int] = self._listener.address
+        self._handle = handle
+        self._lock = threading.Lock()
+        self._ports: dict[int, Port] = {}
+        self._peers: set[_Peer] = set()
+        self._closed = False
+        threading.Thread(target=self._accept, name="channel-accept", daemon=True).start()
+
+    def open(self, learner: int) -> Port:
+        """A fresh port for `learner` (a new member, or a new incarnation): the old one is closed."""
+        port = Port(learner)
+        with self._lock:
+            old, self._ports[learner] = self._ports.get(learner), port
+        if old is not None:
+            old.close()
+        return port
+
+    def port(self, learner: int) -> Port | None:
+        with self._lock:
+            return self._ports.get(learner)
+
+    def drop(self, learner: int) -> None:
+        """`learner` left: what is queued for it is dropped and its connection hung up."""
+        with self._lock:
+            port = self._ports.pop(learner, None)
+        if port is not None:
+            port.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            ports, self._ports = list(self._ports.values()), {}
+            peers = list(self._peers)
+        self._listener.close()
+        for port in ports:
+            port.close()
+        for peer in peers:
+            _hang_up(peer.conn)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+            except OSError:  # the listener was closed
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="channel-reader", daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        peer = port = None
+        try:
+            deliver_challenge(conn, self.authkey)
+            answer_challenge(conn, self.authkey)
+            hello = conn.recv()
+            if not isinstance(hello, Hello):
+                return
+            peer = _Peer(conn)
+            with self._lock:
+                if self._closed:
+                    return
+                self._peers.add(peer)
+                port = self._ports.get(hello.learner)
+            if port is not None:  # a non-member's messages up are still handled; nothing goes down
+                port.attach(peer)
+            while True:
+                message = conn.recv()
+                if isinstance(message, Barrier):  # everything sent before it has been handled
+                    peer.send(message)
+                else:
+                    self._handle(message)
+        except _GONE:
+            pass
+        finally:
+            with self._lock:
+                self._peers.discard(peer)  # type: ignore[arg-type]
+            if port is not None:
+                port.detach(peer)  # type: ignore[arg-type]
+            if peer is None:
+                conn.close()
+            else:
+                peer.close()
+
+
+class Uplink:
+    """A learner's end: its pushes and heartbeats up, the syncer's messages down to `receive`.
+
+    `remote(message)` sends at once on the calling thread (the learner's sender and heartbeat
+    threads, never its step loop) and returns; with no connection, or a broken one, the message
+    is lost. `receive` is called from a reader thread, in the order the syncer sent; it must not raise.
+    """
+
+    def __init__(self, receive: Callable[[Any], None]) -> None:
+        self._receive = receive
+        self._lock = threading.Lock()  # guards _conn and peer
+        self._send_lock = threading.Lock()  # whole messages, one at a time
+        self._conn: Connection | None = None
+        self.peer: tuple[tuple[str, int], bytes] | None = None  # the syncer's address and key
+        self._tokens = itertools.count()
+        self._barriers: dict[int, threading.Event] = {}
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def connect(self, address: tuple[str, int], authkey: bytes, learner: int) -> None:
+        """Connect as `learner` (and hang up any earlier connection); raises if the syncer cannot be reached."""
+        conn = Client(tuple(address), authkey=authkey)
+        conn.send(Hello(learner))
+        with self._lock:
+            old, self._conn, self.peer = self._conn, conn, (tuple(address), authkey)
+        if old is not None:
+            _hang_up(old)
+        threading.Thread(target=self._read, args=(conn,), name="channel-reader", daemon=True).start()
+
+    def remote(self, message: Any) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            with self._send_lock:
+                conn.send(message)
+        except _GONE:
+            self._lost(conn)
+
+    def heartbeat(self, learner: int, step: int | None) -> None:
+        self.remote(Beat(learner, step))
+
+    def barrier(self, timeout_s: float) -> None:
+        """Return once the syncer has handled every message sent before.
+
+        ConnectionError if the connection is or goes down first (those messages may be lost),
+        TimeoutError if the syncer does not answer in `timeout_s`.
+        """
+        conn, token, done = self._conn, next(self._tokens), threading.Event()
+        self._barriers[token] = done
+        try:
+            self.remote(Barrier(token))
+            deadline = time.monotonic() + timeout_s
+            while not done.wait(0.05):
+                if conn is None or self._conn is not conn:
+                    raise ConnectionError("the connection to the syncer went down before it confirmed them")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the syncer did not confirm the learner's last messages in {timeout_s} s")
+        finally:
+            self._barriers.pop(token, None)
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            _hang_up(conn)
+
+    def _lost(self, conn: Connection) -> None:
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            while True:
+                message = conn.recv()
+                if isinstance(message, Barrier):
+                    done = self._barriers.pop(message.token, None)
+                    if done is not None:
+                        done.set()
+                else:
+                    self._receive(message)
+        except _GONE:
+            pass
+        finally:
+            self._lost(conn)
+            with self._send_lock:  # not under a send on another thread
+                conn.close()

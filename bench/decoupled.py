@@ -1,11 +1,14 @@
 """Decoupled DiLoCo against its baselines, side by side in one invocation, on the real CLI.
 
     python bench/decoupled.py [--steps 300] [--repeats 2] [--recipe recipes/tiny.yaml] [--set key=value ...]
+                              [--vs key=value ...]
 
 Measures, with M learners sharing the machine:
   1. learner throughput with the syncer vs the same learners with no synchronisation
      (`algorithm=none`), runs alternated A/B to spread drift, as a ratio of steady-state
-     per-learner tokens/s (compile time excluded);
+     per-learner tokens/s (compile time excluded); each `--vs key=value` adds a run of decoupled
+     with that override to every repeat (`--vs syncer.channel=ray`: the learners' messages as Ray
+     actor calls), reported against the same `none` runs;
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
@@ -45,19 +48,24 @@ def main() -> None:
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every run (repeatable)"
     )
+    ap.add_argument(
+        "--vs", action="append", default=[], metavar="KEY=VALUE", help="another decoupled run with this override"
+    )
     args = ap.parse_args()
     M, S = args.learners, args.steps
     common = [*args.set, f"learners.count={M}", f"run.max_steps={S}", f"eval.every_steps={10 * S}"]
-    rates: dict[str, list[float]] = {"decoupled": [], "none": []}
+    arms = {"none": ["algorithm=none"], "decoupled": ["algorithm=decoupled"]}
+    arms.update({f"decoupled, {kv}": ["algorithm=decoupled", kv] for kv in args.vs})
+    rates: dict[str, list[float]] = {name: [] for name in arms}
     decoupled: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
-            for algorithm in ("none", "decoupled") if rep % 2 == 0 else ("decoupled", "none"):
-                summary = train(args.recipe, Path(tmp) / f"{algorithm}-{rep}", *common, f"algorithm={algorithm}")
-                rates[algorithm].append(statistics.mean(x["steady_tokens_per_s"] for x in summary["learners"]))
-                if algorithm == "decoupled":
+            for k, name in enumerate(list(arms) if rep % 2 == 0 else list(arms)[::-1]):
+                summary = train(args.recipe, Path(tmp) / f"{rep}-{k}", *common, *arms[name])
+                rates[name].append(statistics.mean(x["steady_tokens_per_s"] for x in summary["learners"]))
+                if name == "decoupled":
                     decoupled.append(summary)
-                print(f"{algorithm} run {rep}: {rates[algorithm][-1]:.0f} tok/s per learner", file=sys.stderr)
+                print(f"{name} run {rep}: {rates[name][-1]:.0f} tok/s per learner", file=sys.stderr)
         single = train(
             args.recipe,
             Path(tmp) / "single",
@@ -73,23 +81,28 @@ def main() -> None:
     params = count_params(build_model(load_recipe(args.recipe, args.set).model, 0)[1])
     first = decoupled[0]
     bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
-    ratio = statistics.mean(rates["decoupled"]) / statistics.mean(rates["none"])
-    spread = [d / n for d, n in zip(rates["decoupled"], rates["none"], strict=True)]
     bpb_m = statistics.mean(x["eval_bpb_final"] for x in decoupled)
     lines = [
         f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
         "",
         f"`python bench/decoupled.py --recipe {args.recipe} --learners {M} --steps {S} --repeats {args.repeats}"
         + "".join(f" --set {kv}" for kv in args.set)
+        + "".join(f" --vs {kv}" for kv in args.vs)
         + "`"
         f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), "
         f"{params:,} parameters.",
         "",
         "| measure | value |",
         "|---|---|",
-        f"| learner tokens/s with syncer / without (`algorithm=none`), {M} learners each | "
-        f"**{ratio:.3f}** (per repeat: {', '.join(f'{r:.3f}' for r in spread)}; "
-        f"{statistics.mean(rates['decoupled']):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |",
+        *(
+            f"| learner tokens/s with syncer / without (`algorithm=none`), {M} learners each"
+            + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
+            + f" | **{statistics.mean(rates[name]) / statistics.mean(rates['none']):.3f}** (per repeat: "
+            + ", ".join(f"{d / n:.3f}" for d, n in zip(rates[name], rates["none"], strict=True))
+            + f"; {statistics.mean(rates[name]):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |"
+            for name in arms
+            if name != "none"
+        ),
         f"| bytes sent per learner step / one fp32 gradient ({4 * params:,} B) | "
         f"**1/{4 * params / bytes_per_step:.0f}** ({bytes_per_step:,.0f} B per step) |",
         f"| final eval bits/byte, {M} learners x {S} steps | {bpb_m:.3f} |",

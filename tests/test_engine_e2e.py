@@ -69,6 +69,8 @@ def test_four_learners_merge_and_learn(calm_run):
     assert [(e["platform"], e["device"]) for e in started] == [("cpu", "cpu")] * 4
     assert [row["device"] for row in status["learners"]] == ["cpu"] * 4
     assert {"versions", "quorum", "grace_window_s", "rejections", "bytes_up", "bytes_down"} <= set(status["syncer"])
+    # Every push and heartbeat came up the direct channel, not as an actor call.
+    assert status["syncer"]["channel"] == "direct" and status["syncer"]["channel_messages_in"] >= len(sent)
     train_lines = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "train"]
     assert {m["learner"] for m in train_lines} == {0, 1, 2, 3}
     # Without faults the goodput ledger holds start-up, the checkpoints each learner wrote at step

@@ -39,7 +39,7 @@ class Learner:
 def hub():
     received: list = []
     hub = Hub("127.0.0.1", received.append)
-    hub.received = received
+    hub.handled = received
     yield hub
     hub.close()
 
@@ -62,6 +62,7 @@ def test_messages_go_both_ways_in_order_and_a_barrier_follows_the_pushes(hub):
         # The barrier returned only after everything sent before it was handled, in order.
         assert [m[1] for m in handled[:50]] == list(range(50))
         assert handled[50] == Beat(0, 7)
+        assert slow_hub.received == 52  # the barrier too
         for i in range(50):
             port.remote(i)
         assert learner.take(50) == list(range(50))
@@ -106,8 +107,8 @@ def test_a_connection_without_the_key_is_refused_and_nothing_it_sends_is_handled
     good = Client(hub.address, authkey=hub.authkey)
     good.send(Hello(0))
     good.send("real")
-    until(lambda: hub.received)
-    assert hub.received == ["real"]
+    until(lambda: hub.handled)
+    assert hub.handled == ["real"]
     good.close()
 
 
@@ -132,7 +133,7 @@ def test_a_learner_that_connects_again_gets_what_was_queued_meanwhile(hub):
     learner.uplink.connect(hub.address, hub.authkey, 0)
     assert learner.take(1) == ["sent while it was away"]
     learner.uplink.remote("up again")
-    until(lambda: "up again" in hub.received)
+    until(lambda: "up again" in hub.handled)
 
 
 def test_a_syncer_that_goes_away_costs_a_learner_no_error(hub):
@@ -148,7 +149,7 @@ def test_a_syncer_that_goes_away_costs_a_learner_no_error(hub):
 def test_a_non_member_is_heard_but_sent_nothing(hub):
     stranger = Learner(hub, 9)  # no port: it left, or was never registered
     stranger.uplink.remote("a late push")
-    until(lambda: hub.received == ["a late push"])
+    until(lambda: hub.handled == ["a late push"])
     assert hub.port(9) is None and stranger.got.empty()
 
 

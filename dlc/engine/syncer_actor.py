@@ -219,7 +219,9 @@ class SyncerWorker:
 
     def poll(self) -> dict[str, Any]:
         with self.lock:
-            status = {**self.syncer.status(), "pid": os.getpid()}
+            status = {**self.syncer.status(), "pid": os.getpid(), "channel": self.recipe.syncer.channel}
+            if self.hub is not None:
+                status["channel_messages_in"] = self.hub.received
             events, self._resend = self._resend + self.syncer.drain_events(), []
             return {"status": status, "events": events, "error": self.error}
 

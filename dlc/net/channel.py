@@ -82,6 +82,7 @@ class _Peer:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._lock = threading.Lock()
+        self.received = 0  # messages read from it (by its reader thread alone)
 
     def send(self, message: Any) -> bool:
         """False if the connection is gone (the message is lost, like a call to a dead actor)."""
@@ -179,6 +180,7 @@ class Hub:
         self._lock = threading.Lock()
         self._ports: dict[int, Port] = {}
         self._peers: set[_Peer] = set()
+        self._received_before = 0  # messages read from connections since ended
         self._closed = False
         threading.Thread(target=self._accept, name="channel-accept", daemon=True).start()
 
@@ -190,6 +192,12 @@ class Hub:
         if old is not None:
             old.close()
         return port
+
+    @property
+    def received(self) -> int:
+        """Messages learners have sent up on this hub, barriers included."""
+        with self._lock:
+            return self._received_before + sum(peer.received for peer in self._peers)
 
     def port(self, learner: int) -> Port | None:
         with self._lock:
@@ -239,6 +247,7 @@ class Hub:
                 port.attach(peer)
             while True:
                 message = conn.recv()
+                peer.received += 1
                 if isinstance(message, Barrier):  # everything sent before it has been handled
                     peer.send(message)
                 else:
@@ -247,7 +256,9 @@ class Hub:
             pass
         finally:
             with self._lock:
-                self._peers.discard(peer)  # type: ignore[arg-type]
+                if peer in self._peers:
+                    self._peers.discard(peer)
+                    self._received_before += peer.received  # type: ignore[union-attr]
             if port is not None:
                 port.detach(peer)  # type: ignore[arg-type]
             if peer is None:

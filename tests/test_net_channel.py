@@ -112,16 +112,31 @@ def test_a_connection_without_the_key_is_refused_and_nothing_it_sends_is_handled
     good.close()
 
 
-def test_a_new_incarnation_gets_a_fresh_queue_and_the_old_process_is_hung_up_on(hub):
+def test_a_new_incarnation_gets_a_fresh_queue_and_the_old_process_nothing_more(hub):
     hub.open(0)
     old = Learner(hub, 0)
     hub.port(0).remote("for the old process")
     assert old.take(1) == ["for the old process"]
-    hub.open(0).remote("queued for the new one")  # the supervisor rejoined learner 0 as a new process
-    until(lambda: not old.uplink.connected)
+    old.uplink.close()  # the old process dies ...
+    old_port = hub.port(0)
+    until(lambda: not old_port.connected)
+    old_port.remote("for the dead process")
+    hub.open(0).remote("queued for the new one")  # ... and the supervisor rejoined learner 0 as a new process
+    assert old_port.pending() == 0
     new = Learner(hub, 0)
     assert new.take(1) == ["queued for the new one"]
-    assert old.got.empty()
+    time.sleep(0.2)
+    assert new.got.empty() and old.got.empty()
+
+
+def test_a_learner_told_to_leave_still_sends_its_last_pushes(hub):
+    hub.open(0)
+    learner = Learner(hub, 0)
+    hub.drop(0)  # the syncer hears of the leave before the learner's last pushes
+    assert hub.port(0) is None
+    learner.uplink.remote("last push")
+    learner.uplink.barrier(timeout_s=10)
+    assert hub.handled == ["last push"]
 
 
 def test_a_learner_that_connects_again_gets_what_was_queued_meanwhile(hub):

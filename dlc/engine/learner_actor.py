@@ -251,6 +251,8 @@ class LearnerWorker:
         the heartbeat thread tries again every interval.
         """
         with self._link_lock:
+            if self.uplink is None or self.uplink.connected:  # set_syncer connected it meanwhile
+                return
             try:
                 self._connect(self.syncer)
             except (ray.exceptions.RayError, OSError, EOFError):

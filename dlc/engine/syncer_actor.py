@@ -85,7 +85,10 @@ class SyncerWorker:
     def _on_message(self, message: Any) -> None:
         """A message on the direct channel, from the reader thread of its learner's connection."""
         if isinstance(message, Beat):
-            self.heartbeat(message.learner, message.step)
+            try:
+                self.heartbeat(message.learner, message.step)
+            except Exception:  # nobody waits for a heartbeat: the driver fails the run with it
+                self.error = self.error or traceback.format_exc()
         else:
             self.push(message)
 

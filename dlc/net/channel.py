@@ -23,6 +23,7 @@ never acknowledged are re-sent by the learner's protocol, as after a syncer rest
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -33,9 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import (
     AuthenticationError,
-    Client,
     Connection,
-    Listener,
     answer_challenge,
     deliver_challenge,
 )
@@ -65,6 +64,13 @@ class Barrier:
     """Learner -> syncer and back: every message the learner sent before it has been handled."""
 
     token: int
+
+
+def _connection(sock: socket.socket) -> Connection:
+    """A blocking TCP socket as a message connection; small messages leave at once (no Nagle delay)."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return Connection(sock.detach())
 
 
 def _hang_up(conn: Connection) -> None:
@@ -129,14 +135,13 @@ class Port:
             _hang_up(old.conn)
 
     def close(self) -> None:
-        """Drop what is queued and hang up: the learner left, or a new incarnation replaces it."""
+        """Drop what is queued and send nothing more: the learner left, or a new incarnation replaces
+        it. Its connection stays up: a learner told to leave still sends its last pushes."""
         with self._cond:
             self._closed = True
             self._queue.clear()
-            peer, self._peer = self._peer, None
+            self._peer = None
             self._cond.notify()
-        if peer is not None:
-            _hang_up(peer.conn)
 
     def detach(self, peer: _Peer) -> None:
         """`peer`'s connection ended: hold messages for the next one."""
@@ -174,8 +179,9 @@ class Hub:
     def __init__(self, host: str, handle: Callable[[Any], None]) -> None:
         self.authkey = os.urandom(32)
         # Each connection proves the key on its own thread, so one that stalls half-way holds up no other.
-        self._listener = Listener((host, 0), backlog=64)
-        self.address: tuple[str, int] = self._listener.address
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family, backlog=64)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._handle = handle
         self._lock = threading.Lock()
         self._ports: dict[int, Port] = {}
@@ -204,7 +210,7 @@ class Hub:
             return self._ports.get(learner)
 
     def drop(self, learner: int) -> None:
-        """`learner` left: what is queued for it is dropped and its connection hung up."""
+        """`learner` left: what is queued for it is dropped and nothing more is sent; what it sends is still heard."""
         with self._lock:
             port = self._ports.pop(learner, None)
         if port is not None:
@@ -215,6 +221,8 @@ class Hub:
             self._closed = True
             ports, self._ports = list(self._ports.values()), {}
             peers = list(self._peers)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread; close alone would not
         self._listener.close()
         for port in ports:
             port.close()
@@ -224,9 +232,10 @@ class Hub:
     def _accept(self) -> None:
         while True:
             try:
-                conn = self._listener.accept()
-            except OSError:  # the listener was closed
+                sock, _ = self._listener.accept()
+            except OSError:  # the listener was shut down
                 return
+            conn = _connection(sock)
             threading.Thread(target=self._serve, args=(conn,), name="channel-reader", daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
@@ -290,8 +299,14 @@ class Uplink:
 
     def connect(self, address: tuple[str, int], authkey: bytes, learner: int) -> None:
         """Connect as `learner` (and hang up any earlier connection); raises if the syncer cannot be reached."""
-        conn = Client(tuple(address), authkey=authkey)
-        conn.send(Hello(learner))
+        conn = _connection(socket.create_connection(tuple(address), timeout=30))
+        try:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+            conn.send(Hello(learner))
+        except BaseException:
+            conn.close()
+            raise
         with self._lock:
             old, self._conn, self.peer = self._conn, conn, (tuple(address), authkey)
         if old is not None:

@@ -4,14 +4,17 @@ own place in its own data stream."""
 
 from __future__ import annotations
 
+import socket
+import time
 from types import SimpleNamespace
 
 import numpy as np
 
-from dlc.algo.decoupled.messages import Push
+from dlc.algo.decoupled.messages import FragmentRequest, Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import ByteStream
+from dlc.engine import learner_actor
 from dlc.engine.learner_actor import LearnerWorker
 from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
@@ -115,3 +118,48 @@ def test_a_resumed_learner_numbers_its_pushes_above_every_seq_the_syncer_saw(tmp
     behind = LearnerWorker(recipe_json, 0, stream, storage, no_syncer)
     assert behind.restore(next_seq=3)["incarnation"] == 1 and behind.sync.seq == 1_000_000_005  # its own is higher
     behind.checkpointer.close()
+
+
+def test_a_learner_and_the_syncer_talk_on_the_direct_channel(tmp_path, monkeypatch):
+    # The workers wired as the actors are, with the direct channel (the default) on loopback; Ray's
+    # one part, asking the syncer actor where its channel is, is the syncer worker's own answer.
+    monkeypatch.setattr(learner_actor.ray, "get", lambda ref, timeout=None: ref)
+    recipe = load_recipe(TINY, ["learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
+    recipe_json = recipe.model_dump(mode="json")
+    storage = marked_storage(tmp_path)
+    syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
+    handle = SimpleNamespace(channel=SimpleNamespace(remote=syncer.channel))
+    stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    learner = LearnerWorker(recipe_json, 1, stream, storage, handle)
+    try:
+        syncer.register(1, SimpleNamespace(deliver=None))  # no actor call may carry a message
+        assert learner._try_connect() and learner.uplink.connected
+        syncer._deliver(1, FragmentRequest(fragment=1, version=0, sent_at=0.0))
+        request = learner.sync.inbox.get(timeout=10)
+        assert (request.fragment, request.version) == (1, 0)
+        joined = syncer.syncer.heartbeats[1]
+        learner.uplink.heartbeat(1, 42)
+        learner.uplink.barrier(timeout_s=10)  # returns once the heartbeat was handled
+        assert syncer.syncer.heartbeats[1] > joined and syncer.poll()["status"]["channel_messages_in"] == 2
+    finally:
+        learner.uplink.close()
+        syncer.close()
+
+
+def test_a_syncer_whose_channel_cannot_be_reached_fails_the_run_saying_why(tmp_path, monkeypatch):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setattr(learner_actor.ray, "get", lambda ref, timeout=None: ref)
+    monkeypatch.setattr(learner_actor, "_UNREACHABLE_S", 0.05)
+    channel = {"address": ("127.0.0.1", port), "authkey": b"key"}
+    handle = SimpleNamespace(channel=SimpleNamespace(remote=lambda: channel))
+    recipe_json = load_recipe(TINY, ["learners.count=2"]).model_dump(mode="json")
+    stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    learner = LearnerWorker(recipe_json, 0, stream, marked_storage(tmp_path), handle)
+    assert not learner._try_connect() and learner.error is None  # refused once: it tries again
+    time.sleep(0.1)  # refused for longer than it waits: the run fails with the reason
+    assert not learner._try_connect()
+    assert f"learner 0 cannot reach the syncer at 127.0.0.1:{port}" in learner.error
+    assert "ConnectionRefusedError" in learner.error and "syncer.channel=ray" in learner.error
+    learner.checkpointer.close()

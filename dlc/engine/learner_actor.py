@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import traceback
+from multiprocessing.connection import AuthenticationError
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,6 +39,9 @@ from dlc.engine.devices import learner_setup
 from dlc.errors import UserError
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.storage import RunStorage, describe
+
+# Seconds a live syncer's direct channel may refuse a learner before the run fails with the reason.
+_UNREACHABLE_S = 30.0
 
 
 class LearnerWorker:
@@ -91,6 +95,7 @@ class LearnerWorker:
         # connected when the loop starts; ray: they are calls of the syncer's and this actor's methods.
         self.uplink = Uplink(self._receive) if self.recipe.syncer.channel == "direct" else None
         self._link_lock = threading.Lock()
+        self._unreachable: tuple[float, str] | None = None  # since when the syncer's channel refuses, and why
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
@@ -215,7 +220,7 @@ class LearnerWorker:
         if global_fragments is not None and versions is not None:
             self.sync.resume_from_global(global_fragments, versions)
         with self._link_lock:
-            self._connect(self.syncer)
+            self._try_connect()  # if it cannot yet, the heartbeat thread goes on trying
         self.sync.start_background()
         self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
         self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -235,29 +240,46 @@ class LearnerWorker:
                 else:
                     self.syncer.heartbeat.remote(self.index, self.learner.step)
 
-    def _connect(self, syncer: Any) -> None:
-        """channel=direct: connect to `syncer`'s channel, unless already connected to it (hold _link_lock)."""
-        if self.uplink is None:
-            return
-        channel = ray.get(syncer.channel.remote(), timeout=60)
-        if self.uplink.connected and self.uplink.peer == (tuple(channel["address"]), channel["authkey"]):
-            return
-        self.uplink.connect(channel["address"], channel["authkey"], self.index)
+    def _try_connect(self) -> bool:
+        """channel=direct: connect to the syncer's channel, unless already connected to it; False if
+        it cannot now (hold _link_lock).
+
+        A syncer that is dead or restarting is waited for: the driver hands over the next one
+        (`set_syncer`). A live syncer whose channel cannot be reached for `_UNREACHABLE_S` (a
+        firewall between nodes) fails the run, saying so.
+        """
+        assert self.uplink is not None
+        try:
+            channel = ray.get(self.syncer.channel.remote(), timeout=60)
+        except ray.exceptions.RayError:
+            return False
+        address = tuple(channel["address"])
+        if self.uplink.connected and self.uplink.peer == (address, channel["authkey"]):
+            return True
+        try:
+            self.uplink.connect(address, channel["authkey"], self.index)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            since = self._unreachable[0] if self._unreachable else time.monotonic()
+            self._unreachable = (since, f"{type(exc).__name__}: {exc}")
+            if time.monotonic() - since > _UNREACHABLE_S and self.error is None:
+                self.error = (
+                    f"learner {self.index} cannot reach the syncer at {address[0]}:{address[1]} for "
+                    f"{_UNREACHABLE_S:.0f} s ({self._unreachable[1]}): with syncer.channel=direct every learner "
+                    "connects to the syncer's node on a port it picks; open the nodes to each other, or set "
+                    "syncer.channel=ray to send the messages as Ray calls"
+                )
+            return False
+        self._unreachable = None
+        return True
 
     def _reconnect(self) -> None:
-        """The connection to the syncer broke: connect again and re-send what it never acknowledged.
-
-        If the syncer itself died this fails until the driver hands over the new one (`set_syncer`);
-        the heartbeat thread tries again every interval.
-        """
+        """The connection to the syncer broke (or was never made): connect and re-send what it never
+        acknowledged. The heartbeat thread tries again every interval until it can."""
         with self._link_lock:
             if self.uplink is None or self.uplink.connected:  # set_syncer connected it meanwhile
                 return
-            try:
-                self._connect(self.syncer)
-            except (ray.exceptions.RayError, OSError, EOFError):
-                return
-            self.sync.reconnect(self.uplink)
+            if self._try_connect():
+                self.sync.reconnect(self.uplink)
 
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
@@ -381,8 +403,11 @@ class LearnerWorker:
         """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
         with self._link_lock:
             self.syncer = syncer
-            self._connect(syncer)
-            return self.sync.reconnect(syncer.push if self.uplink is None else self.uplink)
+            if self.uplink is None:
+                return self.sync.reconnect(syncer.push)
+            if not self._try_connect():  # the heartbeat thread connects and re-sends when it can
+                return 0
+            return self.sync.reconnect(self.uplink)
 
     def impair_link(self, factor: float | None, seconds: float) -> None:
         """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""

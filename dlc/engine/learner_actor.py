@@ -219,8 +219,9 @@ class LearnerWorker:
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
             self.sync.resume_from_global(global_fragments, versions)
-        with self._link_lock:
-            self._try_connect()  # if it cannot yet, the heartbeat thread goes on trying
+        if self.uplink is not None:
+            with self._link_lock:
+                self._try_connect()  # if it cannot yet, the heartbeat thread goes on trying
         self.sync.start_background()
         self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
         self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)

@@ -76,11 +76,11 @@ class SyncerWorker:
         return None if self.hub is None else {"address": self.hub.address, "authkey": self.hub.authkey}
 
     def _deliver(self, learner: int, message: Any) -> int:
+        if self.hub is not None:  # every member has a port from register or rejoin to leave
+            port = self.hub.port(learner)
+            return self.transport.send(port, message, link=learner) if port is not None else 0
         handle = self.learners.get(learner)
-        if handle is None:
-            return 0
-        port = self.hub.port(learner) if self.hub is not None else None
-        return self.transport.send(port if port is not None else handle.deliver, message, link=learner)
+        return self.transport.send(handle.deliver, message, link=learner) if handle is not None else 0
 
     def _on_message(self, message: Any) -> None:
         """A message on the direct channel, from the reader thread of its learner's connection."""

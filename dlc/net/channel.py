@@ -3,7 +3,7 @@
 Every Ray actor call costs its two processes about a millisecond of CPU between them, whatever it
 carries (`bench/ray_calls.py`), and at one fragment a step a learner step takes three: the
 syncer's request, the push and the merged fragment. A pickled message on a socket costs about a
-tenth of that. So with `syncer.channel: direct` the syncer listens on its node's address, every
+seventh of that. So with `syncer.channel: direct` the syncer listens on its node's address, every
 learner process connects to it, and requests, pushes, merged fragments and heartbeats travel on
 that one connection. Ray still starts, places, watches and restarts the processes and carries
 everything else (state copies, polls, control); the transport's link emulation sits in front of

@@ -336,7 +336,8 @@ class SyncerConfig(Section):
     channel: Literal["direct", "ray"] = Field(
         "direct",
         description="How requests, pushes, merged fragments and heartbeats travel: direct, on one authenticated "
-        "socket per learner to the syncer's node (a tenth of the CPU of an actor call); ray, as Ray actor calls.",
+        "socket per learner to the syncer's node (about a seventh of the CPU of an actor call); ray, as Ray actor "
+        "calls.",
     )
     checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
 

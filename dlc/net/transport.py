@@ -2,8 +2,8 @@
 
 It counts the bytes each message carries (the codec's output: payload plus scales; headers and
 Ray framing are not counted) and emulates each learner's network link when the recipe gives it
-a bandwidth or a latency (`dlc.net.link`): a message then reaches its Ray actor method only when
-the link would have delivered it.
+a bandwidth or a latency (`dlc.net.link`): a message then reaches its Ray actor method, or its
+direct channel (`dlc.net.channel`), only when the link would have delivered it.
 """
 
 from __future__ import annotations

@@ -194,11 +194,18 @@ def _screen(session: str) -> str:
     ).stdout
 
 
+def _whole(screen: str) -> bool:
+    """Whether the capture holds one whole frame: the view redraws by erasing from the bottom up and then
+    writing top to bottom, so a capture taken mid-redraw lacks the footer, its last line."""
+    lines = [line for line in screen.splitlines() if line.strip()]
+    return bool(lines) and (" ago" in lines[-1] and "updated " in lines[-1] or lines[-1].startswith("last update "))
+
+
 def _wait_screen(session: str, ok: Any, timeout_s: float, what: str) -> str:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         screen = _screen(session)
-        if ok(screen):
+        if _whole(screen) and ok(screen):
             return screen
         time.sleep(0.2)
     raise AssertionError(f"{what}: not seen within {timeout_s:.0f} s; screen:\n{screen}")

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 
 def limit_xla_threads(threads: int) -> None:
-    """Keep XLA to `threads` CPU threads so several learner processes can share a few cores.
+    """XLA's flags for `threads` CPU threads, so several learner processes can share a few cores.
 
-    Only effective before the first `import jax` in this process.
+    Only effective before the first `import jax` in this process. The flags keep Eigen's own
+    threading off; the size of XLA's thread pools is set where the backend starts
+    (`start_backend(cpu_threads=...)`).
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if "intra_op_parallelism_threads" not in flags:
@@ -48,18 +52,47 @@ def backend_fix(error: str, share_field: str = "learners.num_gpus") -> str:
     )
 
 
-def start_backend(platform: str, share_field: str = "learners.num_gpus") -> dict[str, str]:
+@contextlib.contextmanager
+def _cpus_seen(count: int | None) -> Iterator[None]:
+    """While inside, this process may run on only `count` of its CPUs; afterwards every thread of it,
+    those started inside included, may run on all of them again.
+
+    XLA sizes its CPU thread pools by the CPUs a process may run on when its client starts; the
+    flags that used to limit them no longer do. Without this a learner on a 2-core machine runs
+    its step on two threads, which buys nothing when four learners share the cores and costs a
+    tenth more CPU per step (`bench/RESULTS.md`). Linux only; elsewhere XLA keeps its default.
+    """
+    if count is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    if count >= len(allowed):
+        yield
+        return
+    os.sched_setaffinity(0, sorted(allowed)[:count])
+    try:
+        yield
+    finally:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), allowed)
+
+
+def start_backend(
+    platform: str, share_field: str = "learners.num_gpus", cpu_threads: int | None = None
+) -> dict[str, str]:
     """Start JAX's backend in this process and check it is on `platform` (gpu or cpu).
 
     Returns the platform, the device kind and their label. Raises BackendError with the
     backend's own first line and the fix (naming `share_field`, the recipe field that asked for the
     GPU) when JAX fails to start, or starts elsewhere: JAX falls back to CPU when no GPU plugin
-    is installed.
+    is installed. On CPU, `cpu_threads` is how many threads XLA computes with (None: one per core).
     """
     import jax
 
     try:
-        device = jax.devices()[0]
+        with _cpus_seen(cpu_threads if platform == "cpu" else None):
+            device = jax.devices()[0]
     except Exception as exc:  # RuntimeError from a plugin; anything else is as fatal here
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise BackendError(

@@ -21,7 +21,9 @@ class EvaluatorWorker:
 
         self.backend_error: str | None = None
         try:
-            self.device = start_backend(evaluator_setup(self.recipe, {}).platform, "eval.num_gpus")
+            self.device = start_backend(
+                evaluator_setup(self.recipe, {}).platform, "eval.num_gpus", self.recipe.learners.xla_cpu_threads
+            )
         except BackendError as exc:  # reported by device_info, in one line
             self.backend_error = f"the evaluator (eval.num_gpus={self.recipe.eval.num_gpus:g}): {exc}"
             return

@@ -398,8 +398,18 @@ class RoundBook:
         return deadline is not None and self.clock() >= deadline
 
     def closable(self, healthy: Collection[int]) -> list[int]:
-        """Fragments whose rounds may close now, ascending."""
-        return [p for p in range(len(self._frags)) if self.ready_to_close(p, healthy)]
+        """Fragments whose rounds may close now, ascending.
+
+        The syncer asks this every few milliseconds; only rounds some learner answered can close.
+        """
+        now, window_s = self.clock(), self.grace.window_s()
+        out = []
+        for p, frag in enumerate(self._frags):
+            if frag.open.answers:
+                deadline = frag.open.deadline(healthy, self.quorum, window_s)
+                if deadline is not None and now >= deadline:
+                    out.append(p)
+        return out
 
     def close(self, p: int, healthy: Collection[int] | None = None) -> RoundResult:
         """Close round p: merge every learner's parts, bump v_p, start the next round of p.

@@ -163,6 +163,33 @@ def test_the_global_step_follows_the_median_learner_and_opens_one_round_per_h_ov
     assert [f for m, f, _ in requests if m == 0] == [r % 2 for r in range(19)]
 
 
+def test_the_ticking_thread_sleeps_until_the_next_round_or_grace_deadline():
+    # P = 2, H = 4: a round every 2 global steps. Two learners at 10 steps/s.
+    syncer, plan, _, clock = make(learners=2, grace_gamma=0.5)
+    assert syncer.next_tick_in() == 0.02  # nothing measured yet: wake at the idle period
+    for t in (0.0, 0.1):
+        clock.now = t
+        for m in range(2):
+            syncer.heartbeat(m, int(t * 10))
+        syncer.tick()
+    # Global step 1 at 0.1 s: the first round opens at global step 2, at 0.2 s.
+    clock.now = 0.15
+    assert syncer.next_tick_in() == 0.02  # 50 ms away, beyond the idle period
+    clock.now = 0.19
+    assert syncer.next_tick_in() == pytest.approx(0.01)
+    clock.now = 0.21
+    assert syncer.next_tick_in() == 0.0  # overdue: tick at once
+    syncer.tick()
+    assert syncer.book.is_open(0) and syncer.next_tick_in() == 0.02  # the next round is 0.19 s away
+    # Quorum (1) from learner 0 starts a grace window of 0.5 * 1 * 0.1 s = 50 ms: it ends at 0.26 s.
+    syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
+    clock.now = 0.25
+    assert syncer.next_tick_in() == pytest.approx(0.01)
+    syncer.push(push(1, 0, np.ones(plan.size(0)), seq=0))  # every healthy learner answered: close now
+    assert syncer.next_tick_in() == 0.0 and syncer.tick() == 1
+    assert syncer.next_tick_in() == 0.02
+
+
 def test_a_push_sent_at_once_is_its_learners_heartbeat():
     syncer, plan, _, clock = make(learners=2, heartbeat_timeout_s=1.0)
     clock.now = 5.0  # both joined at 0: no longer healthy

@@ -61,6 +61,7 @@ class Syncer(Protocol):
     def heartbeat(self, learner: int, step: int | None = None) -> None: ...  # step: where it is
     def push(self, message: Any) -> None: ...
     def tick(self) -> int: ...  # close what may close now; returns how many closed
+    def next_tick_in(self) -> float: ...  # seconds until a tick may have work that no message brings
     def flush(self) -> int: ...  # end of run: close everything holding a message
     def journal_snapshot(self) -> dict[str, Any]: ...  # what a checkpoint lacks: the next journal's first record
     def replay(self, record: dict[str, Any]) -> bool: ...

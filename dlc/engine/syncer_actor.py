@@ -61,6 +61,10 @@ class SyncerWorker:
         self._resend: list[dict[str, Any]] = []  # those a restarted syncer reports again, first
         self.lock = threading.Lock()
         self._stop = threading.Event()
+        # The ticking thread sleeps until the syncer's next deadline (`next_tick_in`), and is woken
+        # early when a push brings one nearer (a round reaching quorum starts its grace window).
+        self._wake = threading.Event()
+        self._tick_at = 0.0  # when it wakes next, time.monotonic(); guarded by the lock
         self._last_save = time.monotonic()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
@@ -171,6 +175,8 @@ class SyncerWorker:
             with self.lock:
                 self.syncer.push(push)
                 self.syncer.tick()
+                if time.monotonic() + self.syncer.next_tick_in() < self._tick_at:
+                    self._wake.set()
         except Exception:  # nobody waits for this call: the driver fails the run with it
             self.error = self.error or traceback.format_exc()
 
@@ -185,9 +191,17 @@ class SyncerWorker:
 
     def _tick_loop(self) -> None:
         try:
-            while not self._stop.wait(0.005):
+            wait = 0.0
+            while True:
+                self._wake.wait(wait)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
                 with self.lock:
                     self.syncer.tick()
+                    # At least a millisecond: a deadline a tick could not act on never spins the thread.
+                    wait = max(self.syncer.next_tick_in(), 0.001)
+                    self._tick_at = time.monotonic() + wait
                 if time.monotonic() - self._last_save >= self.recipe.syncer.checkpoint_interval_s:
                     self.save()
         except Exception:
@@ -238,6 +252,7 @@ class SyncerWorker:
     def finish(self) -> dict[str, Any]:
         """End of run: close every round holding a push, stop ticking, checkpoint."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
         with self.lock:

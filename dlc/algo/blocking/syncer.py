@@ -225,6 +225,10 @@ class BarrierSyncer(GlobalFragments):
         self.accepted += 1
         self.events.append({"kind": "push_accepted", **common, "version": self.version, "bytes": c.payload.nbytes})
 
+    def next_tick_in(self) -> float:
+        """Seconds until the next tick: often, since a pause ends and members fall silent by the clock."""
+        return 0.005
+
     def tick(self) -> int:
         """Drop silent members, admit newcomers, close the version when everyone has sent; returns 1 if it closed."""
         healthy = self.healthy()

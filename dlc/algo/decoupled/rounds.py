@@ -411,6 +411,17 @@ class RoundBook:
                     out.append(p)
         return out
 
+    def next_deadline(self, healthy: Collection[int]) -> float | None:
+        """The earliest clock time at which a round may close without more pushes (-inf: now);
+        None when no round has quorum."""
+        window_s = self.grace.window_s()
+        deadlines = [
+            d
+            for frag in self._frags
+            if frag.open.answers and (d := frag.open.deadline(healthy, self.quorum, window_s)) is not None
+        ]
+        return min(deadlines, default=None)
+
     def close(self, p: int, healthy: Collection[int] | None = None) -> RoundResult:
         """Close round p: merge every learner's parts, bump v_p, start the next round of p.
 

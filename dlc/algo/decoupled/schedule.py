@@ -125,6 +125,15 @@ class Schedule:
             self.next_round += 1
         return due
 
+    def due_in(self, now: float, learners: Collection[int]) -> float | None:
+        """Seconds from ``now`` until the global step reaches the next round at the median rate
+        of ``learners`` as measured now; None while it does not advance."""
+        rate = self.rate(learners)
+        if self._last_advance is None or rate is None:
+            return None
+        step = self.global_step + max(0.0, now - self._last_advance) * rate
+        return max(0.0, ((self.next_round + 1) * self.spacing - step) / rate)
+
     def state(self) -> dict[str, float | int]:
         return {"global_step": self.global_step, "next_round": self.next_round}
 

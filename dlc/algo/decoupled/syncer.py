@@ -34,6 +34,9 @@ EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
 
 Deliver = Callable[[int, MergedFragment | FragmentRequest], int]  # (learner, message) -> bytes sent
 
+# Longest a syncer waits between two ticks when no deadline is nearer (`next_tick_in`).
+IDLE_TICK_S = 0.02
+
 # Downlink codecs that send the difference from the version the learners hold.
 DIFF_CODECS = frozenset({"int8", "int4"})
 
@@ -222,6 +225,19 @@ class DecoupledSyncer(GlobalFragments):
         for p in ready:
             self._close(p, active)
         return len(ready)
+
+    def next_tick_in(self) -> float:
+        """Seconds until a tick has work no message announces: a grace window ending, the global
+        step reaching the next round; at most `IDLE_TICK_S`, so that a learner that stops beating
+        or stepping is noticed within it."""
+        now = self.clock()
+        active = self.active()
+        waits = [IDLE_TICK_S]
+        if self.scheduled and (due := self.schedule.due_in(now, active)) is not None:
+            waits.append(due)
+        if (deadline := self.book.next_deadline(active)) is not None:
+            waits.append(deadline - now)
+        return max(0.0, min(waits))
 
     def open_round(self, p: int, healthy: set[int] | None = None) -> None:
         """Fragment p's round comes up: ask every healthy learner for p; the round may close from now."""

@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from dlc.algo.decoupled.messages import FragmentRequest, Push
 from dlc.config.load import load_recipe
@@ -19,6 +20,23 @@ from dlc.engine.learner_actor import LearnerWorker
 from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
 from tests.helpers import TINY, marked_storage
+
+
+@pytest.fixture(autouse=True)
+def _compiled_within_the_test(monkeypatch):
+    """Every worker's compile thread (started as it is built) ends within its test: a daemon thread
+    still inside XLA when the interpreter exits aborts the process ("FATAL: exception not rethrown")."""
+    made = []
+    build = LearnerWorker.__init__
+
+    def tracked(self, *args, **kwargs):
+        made.append(self)
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(LearnerWorker, "__init__", tracked)
+    yield
+    for worker in made:
+        worker._compiler.join(timeout=300)
 
 
 def test_a_learner_with_no_peer_to_copy_starts_from_the_global_fragments(tmp_path):

@@ -96,6 +96,25 @@ def test_a_frozen_learner_holds_up_neither_the_syncer_nor_the_other_learners(hub
     frozen.close()
 
 
+def test_messages_larger_than_the_socket_takes_arrive_whole_and_in_order(hub):
+    # Messages far larger than a socket takes at once, between small ones and before the echo of a
+    # barrier: every write on the connection is a whole message.
+    port = hub.open(0)
+    learner = Learner(hub, 0)
+    until(lambda: port.connected)
+    big = np.arange(8 << 20, dtype=np.uint8)  # 8 MiB: more than a loopback socket takes at once
+    expected = []
+    for i in range(6):
+        message = big + i if i % 2 else i
+        port.remote(message)
+        expected.append(message)
+    learner.uplink.barrier(timeout_s=30)  # its echo follows the rest of the message begun before it
+    for want, got in zip(expected, learner.take(6), strict=True):
+        assert got == want if isinstance(want, int) else np.array_equal(got, want)
+    port.remote("after")
+    assert learner.take(1) == ["after"]
+
+
 def test_a_connection_without_the_key_is_refused_and_nothing_it_sends_is_handled(hub):
     hub.open(0)
     with pytest.raises(AuthenticationError):

@@ -91,3 +91,13 @@ def test_every_field_is_documented():
                     walk(c)
 
     walk(Recipe)
+
+
+def test_xla_threads_follow_the_cpus_a_learner_reserves_unless_set():
+    learners = Recipe.model_validate(
+        {"learners": {"count": 3, "overrides": [{"index": 1, "num_cpus": 4}, {"index": 2, "num_cpus": 0.5}]}}
+    ).learners
+    # Learner 0 reserves the default 1 CPU; a spare or the evaluator (None) as much as the default.
+    assert [learners.xla_threads(i) for i in (0, 1, 2, None)] == [1, 4, 1, 1]
+    pinned = Recipe.model_validate({"learners": {"xla_cpu_threads": 2, "overrides": [{"index": 0, "num_cpus": 8}]}})
+    assert [pinned.learners.xla_threads(i) for i in (0, 1, None)] == [2, 2, 2]

@@ -51,7 +51,8 @@ def train_command(
             plan.check_learners(range(loaded.learners.count))
         from dlc.core.runtime import limit_xla_threads
 
-        limit_xla_threads(loaded.learners.xla_cpu_threads)
+        learners = loaded.learners
+        limit_xla_threads(max(learners.xla_threads(i) for i in [None, *range(learners.count)]))
         from dlc.train import run
 
         outcome = run(loaded, fresh=fresh, chaos_plan=plan)

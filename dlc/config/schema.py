@@ -190,11 +190,12 @@ class LearnersConfig(Section):
         description="Ray accelerator type every GPU learner's GPU must be (e.g. H100, A100; Ray labels each node "
         "with its GPUs' kind). Default: any GPU.",
     )
-    xla_cpu_threads: int = Field(
-        1,
+    xla_cpu_threads: int | None = Field(
+        None,
         ge=1,
-        description="Threads XLA computes with in each learner (and the evaluator) on CPU. 1 suits learners that "
-        "share a few cores: a second thread buys them nothing and costs a tenth more CPU per step.",
+        description="Threads XLA computes with in each learner (and the evaluator) on CPU. Default: the CPUs Ray "
+        "reserves for the learner (num_cpus, at least 1), so learners sharing a few cores do not crowd each other: "
+        "a second thread buys four tiny learners on 2 cores nothing and costs a tenth more CPU per step.",
     )
     placement: Literal["spread", "pack"] = Field(
         "spread",
@@ -258,6 +259,13 @@ class LearnersConfig(Section):
             resources=dict(pick("resources")),
             label_selector=dict(pick("label_selector")),
         )
+
+    def xla_threads(self, index: int | None) -> int:
+        """The threads XLA computes with in learner `index` (None: a hot spare, or the evaluator) on CPU."""
+        if self.xla_cpu_threads is not None:
+            return self.xla_cpu_threads
+        cpus = self.num_cpus if index is None else self.resolved(index).num_cpus
+        return max(1, int(cpus))
 
     def cpus_reserved(self) -> float:
         """Ray CPUs the learners, their hot spares and the joiners chaos may add reserve together (each spare

@@ -195,7 +195,7 @@ class LearnersConfig(Section):
         ge=1,
         description="Threads XLA computes with in each learner (and the evaluator) on CPU. Default: the CPUs Ray "
         "reserves for the learner (num_cpus, at least 1), so learners sharing a few cores do not crowd each other: "
-        "a second thread buys four tiny learners on 2 cores nothing and costs a tenth more CPU per step.",
+        "a second thread buys four tiny learners on 2 cores nothing and costs an eighth more CPU per step.",
     )
     placement: Literal["spread", "pack"] = Field(
         "spread",

@@ -59,8 +59,8 @@ def _cpus_seen(count: int | None) -> Iterator[None]:
 
     XLA sizes its CPU thread pools by the CPUs a process may run on when its client starts; the
     flags that used to limit them no longer do. Without this a learner on a 2-core machine runs
-    its step on two threads, which buys nothing when four learners share the cores and costs a
-    tenth more CPU per step (`bench/RESULTS.md`). Linux only; elsewhere XLA keeps its default.
+    its step on two threads, which buys nothing when four learners share the cores and costs an
+    eighth more CPU per step (`bench/RESULTS.md`). Linux only; elsewhere XLA keeps its default.
     """
     if count is None or not hasattr(os, "sched_setaffinity"):
         yield
@@ -86,7 +86,7 @@ def start_backend(
     Returns the platform, the device kind and their label. Raises BackendError with the
     backend's own first line and the fix (naming `share_field`, the recipe field that asked for the
     GPU) when JAX fails to start, or starts elsewhere: JAX falls back to CPU when no GPU plugin
-    is installed. On CPU, `cpu_threads` is how many threads XLA computes with (None: one per core).
+    is installed. On CPU, `cpu_threads` is how many threads XLA computes with (None: XLA's own, one per CPU).
     """
     import jax
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
@@ -397,30 +397,23 @@ class RoundBook:
         deadline = self.deadline(p, healthy)
         return deadline is not None and self.clock() >= deadline
 
-    def closable(self, healthy: Collection[int]) -> list[int]:
-        """Fragments whose rounds may close now, ascending.
-
-        The syncer asks this every few milliseconds; only rounds some learner answered can close.
-        """
-        now, window_s = self.clock(), self.grace.window_s()
-        out = []
+    def _deadlines(self, healthy: Collection[int]) -> Iterator[tuple[int, float]]:
+        """(p, deadline) of every round with quorum, ascending; only rounds some learner answered can
+        have one, and the syncer asks every few milliseconds, so the others are not looked at."""
+        window_s = self.grace.window_s()
         for p, frag in enumerate(self._frags):
-            if frag.open.answers:
-                deadline = frag.open.deadline(healthy, self.quorum, window_s)
-                if deadline is not None and now >= deadline:
-                    out.append(p)
-        return out
+            if frag.open.answers and (deadline := frag.open.deadline(healthy, self.quorum, window_s)) is not None:
+                yield p, deadline
+
+    def closable(self, healthy: Collection[int]) -> list[int]:
+        """Fragments whose rounds may close now, ascending."""
+        now = self.clock()
+        return [p for p, deadline in self._deadlines(healthy) if now >= deadline]
 
     def next_deadline(self, healthy: Collection[int]) -> float | None:
         """The earliest clock time at which a round may close without more pushes (-inf: now);
         None when no round has quorum."""
-        window_s = self.grace.window_s()
-        deadlines = [
-            d
-            for frag in self._frags
-            if frag.open.answers and (d := frag.open.deadline(healthy, self.quorum, window_s)) is not None
-        ]
-        return min(deadlines, default=None)
+        return min((deadline for _, deadline in self._deadlines(healthy)), default=None)
 
     def close(self, p: int, healthy: Collection[int] | None = None) -> RoundResult:
         """Close round p: merge every learner's parts, bump v_p, start the next round of p.

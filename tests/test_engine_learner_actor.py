@@ -151,16 +151,16 @@ def test_a_learner_and_the_syncer_talk_on_the_direct_channel(tmp_path, monkeypat
     learner = LearnerWorker(recipe_json, 1, stream, storage, handle)
     try:
         syncer.register(1, SimpleNamespace(deliver=None))  # no actor call may carry a message
-        assert learner._try_connect() and learner.uplink.connected
+        assert learner._try_connect() and learner.link.uplink.connected
         syncer._deliver(1, FragmentRequest(fragment=1, version=0, sent_at=0.0))
         request = learner.sync.inbox.get(timeout=10)
         assert (request.fragment, request.version) == (1, 0)
         joined = syncer.syncer.heartbeats[1]
-        learner.uplink.heartbeat(1, 42)
-        learner.uplink.barrier(timeout_s=10)  # returns once the heartbeat was handled
+        learner.link.uplink.heartbeat(1, 42)
+        learner.link.uplink.barrier(timeout_s=10)  # returns once the heartbeat was handled
         assert syncer.syncer.heartbeats[1] > joined and syncer.poll()["status"]["channel_messages_in"] == 2
     finally:
-        learner.uplink.close()
+        learner.link.uplink.close()
         syncer.close()
 
 

@@ -44,6 +44,86 @@ from dlc.run.storage import RunStorage, describe
 _UNREACHABLE_S = 30.0
 
 
+class _RayCalls:
+    """syncer.channel=ray: the learner's messages to the syncer are calls of its actor's methods."""
+
+    connected = True
+    failure: str | None = None
+
+    def __init__(self, syncer: Any) -> None:
+        self.syncer = syncer
+
+    @property
+    def push(self) -> Any:
+        return self.syncer.push
+
+    def connect(self, syncer: Any, index: int | None) -> bool:
+        self.syncer = syncer
+        return True
+
+    def heartbeat(self, index: int | None, step: int) -> None:
+        self.syncer.heartbeat.remote(index, step)
+
+    def barrier(self, timeout_s: float) -> None:
+        ray.get(self.syncer.barrier.remote(), timeout=timeout_s)
+
+
+class _Channel:
+    """syncer.channel=direct: the learner's messages go on one socket to the syncer's channel
+    (`dlc.net.channel`), connected when the loop starts and again whenever it breaks."""
+
+    def __init__(self, receive: Any) -> None:
+        from dlc.net.channel import Uplink
+
+        self.uplink = Uplink(receive)
+        self._unreachable: tuple[float, str] | None = None  # since when the syncer's channel refuses, and why
+        self.failure: str | None = None  # why the run must fail: a live syncer refused it for too long
+
+    @property
+    def connected(self) -> bool:
+        return self.uplink.connected
+
+    @property
+    def push(self) -> Any:
+        return self.uplink
+
+    def connect(self, syncer: Any, index: int | None) -> bool:
+        """Connect to `syncer`'s channel, unless already connected to it; False if it cannot now.
+
+        A syncer that is dead or restarting is waited for: the driver hands over the next one
+        (`LearnerWorker.set_syncer`). A live syncer whose channel cannot be reached for
+        `_UNREACHABLE_S` (a firewall between nodes) sets `failure`, which fails the run.
+        """
+        try:
+            channel = ray.get(syncer.channel.remote(), timeout=60)
+        except ray.exceptions.RayError:
+            return False
+        address = tuple(channel["address"])
+        if self.uplink.connected and self.uplink.peer == (address, channel["authkey"]):
+            return True
+        try:
+            self.uplink.connect(address, channel["authkey"], index)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            since = self._unreachable[0] if self._unreachable else time.monotonic()
+            self._unreachable = (since, f"{type(exc).__name__}: {exc}")
+            if time.monotonic() - since > _UNREACHABLE_S:
+                self.failure = (
+                    f"learner {index} cannot reach the syncer at {address[0]}:{address[1]} for "
+                    f"{_UNREACHABLE_S:.0f} s ({self._unreachable[1]}): with syncer.channel=direct every learner "
+                    "connects to the syncer's node on a port it picks; open the nodes to each other, or set "
+                    "syncer.channel=ray to send the messages as Ray calls"
+                )
+            return False
+        self._unreachable = None
+        return True
+
+    def heartbeat(self, index: int | None, step: int) -> None:
+        self.uplink.heartbeat(index, step)
+
+    def barrier(self, timeout_s: float) -> None:
+        self.uplink.barrier(timeout_s=timeout_s)
+
+
 class LearnerWorker:
     """Lives in a learner actor: one Learner, its sync protocol, its loop thread."""
 
@@ -83,7 +163,6 @@ class LearnerWorker:
         self.compiles = CompileLog(cached=self.recipe.run.compile_cache)
         from dlc.algo import get_algorithm
         from dlc.core.learner import Learner
-        from dlc.net.channel import Uplink
         from dlc.net.transport import Transport
 
         # Seconds of each start-up phase; "process_s" runs from the request to start this process.
@@ -93,14 +172,13 @@ class LearnerWorker:
         self.syncer = syncer
         # syncer.channel=direct: messages to and from the syncer go on one socket (`dlc.net.channel`),
         # connected when the loop starts; ray: they are calls of the syncer's and this actor's methods.
-        self.uplink = Uplink(self._receive) if self.recipe.syncer.channel == "direct" else None
+        self.link = _Channel(self._receive) if self.recipe.syncer.channel == "direct" else _RayCalls(syncer)
         self._link_lock = threading.Lock()
-        self._unreachable: tuple[float, str] | None = None  # since when the syncer's channel refuses, and why
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
         self.transport = Transport(lambda i: learners.resolved(i).link, seed=self.recipe.run.seed)  # the uplink
         self.algorithm = get_algorithm(self.recipe.algorithm)
-        upstream = syncer if self.uplink is None else SimpleNamespace(push=self.uplink)
+        upstream = SimpleNamespace(push=self.link.push)
         self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, upstream)
         self.sync.idle = self._serve_export  # a learner blocked on the others still serves state copies
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
@@ -219,9 +297,8 @@ class LearnerWorker:
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
             self.sync.resume_from_global(global_fragments, versions)
-        if self.uplink is not None:
-            with self._link_lock:
-                self._try_connect()  # if it cannot yet, the heartbeat thread goes on trying
+        with self._link_lock:
+            self._try_connect()  # if it cannot yet, the heartbeat thread goes on trying
         self.sync.start_background()
         self._thread = threading.Thread(target=self._loop, name=f"learner-{self.index}", daemon=True)
         self._heart = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -233,54 +310,27 @@ class LearnerWorker:
         """Tell the syncer this learner lives, and its step, every interval in which no push did."""
         interval = self.recipe.syncer.heartbeat_interval_s
         while not self._stop.wait(interval):
-            if self.uplink is not None and not self.uplink.connected:
+            if not self.link.connected:
                 self._reconnect()
             if time.monotonic() - self.sync.beat_at >= interval:
-                if self.uplink is not None:
-                    self.uplink.heartbeat(self.index, self.learner.step)
-                else:
-                    self.syncer.heartbeat.remote(self.index, self.learner.step)
+                self.link.heartbeat(self.index, self.learner.step)
 
     def _try_connect(self) -> bool:
-        """channel=direct: connect to the syncer's channel, unless already connected to it; False if
-        it cannot now (hold _link_lock).
-
-        A syncer that is dead or restarting is waited for: the driver hands over the next one
-        (`set_syncer`). A live syncer whose channel cannot be reached for `_UNREACHABLE_S` (a
-        firewall between nodes) fails the run, saying so.
-        """
-        assert self.uplink is not None
-        try:
-            channel = ray.get(self.syncer.channel.remote(), timeout=60)
-        except ray.exceptions.RayError:
-            return False
-        address = tuple(channel["address"])
-        if self.uplink.connected and self.uplink.peer == (address, channel["authkey"]):
-            return True
-        try:
-            self.uplink.connect(address, channel["authkey"], self.index)
-        except (OSError, EOFError, AuthenticationError) as exc:
-            since = self._unreachable[0] if self._unreachable else time.monotonic()
-            self._unreachable = (since, f"{type(exc).__name__}: {exc}")
-            if time.monotonic() - since > _UNREACHABLE_S and self.error is None:
-                self.error = (
-                    f"learner {self.index} cannot reach the syncer at {address[0]}:{address[1]} for "
-                    f"{_UNREACHABLE_S:.0f} s ({self._unreachable[1]}): with syncer.channel=direct every learner "
-                    "connects to the syncer's node on a port it picks; open the nodes to each other, or set "
-                    "syncer.channel=ray to send the messages as Ray calls"
-                )
-            return False
-        self._unreachable = None
-        return True
+        """Connect to the syncer (channel=direct: its channel; always at once for channel=ray);
+        False if it cannot now (hold _link_lock). A live syncer that refuses too long fails the run."""
+        connected = self.link.connect(self.syncer, self.index)
+        if self.link.failure is not None and self.error is None:
+            self.error = self.link.failure
+        return connected
 
     def _reconnect(self) -> None:
         """The connection to the syncer broke (or was never made): connect and re-send what it never
         acknowledged. The heartbeat thread tries again every interval until it can."""
         with self._link_lock:
-            if self.uplink is None or self.uplink.connected:  # set_syncer connected it meanwhile
+            if self.link.connected:  # set_syncer connected it meanwhile
                 return
             if self._try_connect():
-                self.sync.reconnect(self.uplink)
+                self.sync.reconnect(self.link.push)
 
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
@@ -404,11 +454,9 @@ class LearnerWorker:
         """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
         with self._link_lock:
             self.syncer = syncer
-            if self.uplink is None:
-                return self.sync.reconnect(syncer.push)
             if not self._try_connect():  # the heartbeat thread connects and re-sends when it can
                 return 0
-            return self.sync.reconnect(self.uplink)
+            return self.sync.reconnect(self.link.push)
 
     def impair_link(self, factor: float | None, seconds: float) -> None:
         """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""
@@ -535,10 +583,7 @@ class LearnerWorker:
             # The barrier follows the pushes on their channel, or in the syncer's one ordered
             # concurrency group, so when it returns the syncer holds every push: the driver's
             # finish() cannot overtake them.
-            if self.uplink is not None:
-                self.uplink.barrier(timeout_s=120)
-            else:
-                ray.get(self.syncer.barrier.remote(), timeout=120)
+            self.link.barrier(timeout_s=120)
             with self.lock:
                 self.events.extend(pushed)
                 self.events.append({"kind": "final_push", "learner": self.index, "fragments": len(pushed)})

@@ -129,11 +129,6 @@ class Round:
             return -math.inf
         return reached + window_s
 
-    def ready_to_close(self, now: float, healthy: Collection[int], quorum: int, window_s: float) -> bool:
-        """Quorum reached, and the grace window elapsed or all healthy pushed."""
-        deadline = self.deadline(healthy, quorum, window_s)
-        return deadline is not None and now >= deadline
-
 
 @dataclass(frozen=True)
 class RoundResult:

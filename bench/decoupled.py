@@ -8,7 +8,8 @@ Measures, with M learners sharing the machine:
      (`algorithm=none`), runs alternated A/B to spread drift, as a ratio of steady-state
      per-learner tokens/s (compile time excluded); each `--vs key=value` adds a run of decoupled
      with that override to every repeat (`--vs syncer.channel=ray`: the learners' messages as Ray
-     actor calls), reported against the same `none` runs;
+     actor calls), reported against the same `none` runs, with the standard error of the
+     per-repeat ratios;
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
@@ -36,6 +37,14 @@ def train(recipe: str, run_dir: Path, *overrides: str) -> dict:
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def spread(ratios: list[float]) -> str:
+    """The standard error of the per-repeat ratios as " +- 0.006" (repeats differ more than the runs
+    of one repeat: this machine's speed drifts), or nothing with one repeat."""
+    if len(ratios) < 2:
+        return ""
+    return f" +- {statistics.stdev(ratios) / len(ratios) ** 0.5:.3f}"
 
 
 def main() -> None:
@@ -97,7 +106,9 @@ def main() -> None:
         *(
             f"| learner tokens/s with syncer / without (`algorithm=none`), {M} learners each"
             + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
-            + f" | **{statistics.mean(rates[name]) / statistics.mean(rates['none']):.3f}** (per repeat: "
+            + f" | **{statistics.mean(rates[name]) / statistics.mean(rates['none']):.3f}**"
+            + spread([d / n for d, n in zip(rates[name], rates["none"], strict=True)])
+            + " (per repeat: "
             + ", ".join(f"{d / n:.3f}" for d, n in zip(rates[name], rates["none"], strict=True))
             + f"; {statistics.mean(rates[name]):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |"
             for name in arms

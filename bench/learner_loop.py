@@ -1,16 +1,24 @@
-"""The learner's own cost of Decoupled DiLoCo, per step time: one learner, no syncer, no Ray.
+"""The learner's own cost of Decoupled DiLoCo, per step: one learner, no syncer, no Ray.
 
-    python bench/learner_loop.py [--widths 32,64,128,256] [--steps 200] [--repeats 3]
+    taskset -c 0 python bench/learner_loop.py [--widths 32,64,128,256] [--blocks 40] [--block-steps 20]
 
-For each model width (so each step time) one learner process trains the tiny recipe's model
-(a) alone (`algorithm=none`), (b) with the decoupled learner protocol in its actor's
-configuration (sender thread, deliveries from another thread): every step the "syncer" asks for
-one fragment (P = H, the busiest schedule) and delivers a merged fragment as an int4 difference,
-so every step pushes one fragment and adopts one, and (c) with only the device side of that:
-every step dispatches the extraction of one fragment and the write of another, as the protocol
-does, with no threads, messages or bookkeeping. (c) against (a) is what the two jitted functions
-cost a step; (b) against (c) is what the threads and messages add. The syncer's own work is not
-here. Runs rotate a/b/c; each ratio is against (a) of steady steps per second.
+For each model width (so each step time) one learner process trains the tiny recipe's model in
+three ways, in blocks of steps whose order is shuffled every round:
+  none        the step alone (`algorithm=none`);
+  device ops  the step, and after it what the protocol dispatches at P = H (the busiest
+              schedule): the jitted extraction of one fragment and the jitted write of another,
+              with no threads, messages or bookkeeping;
+  decoupled   the learner protocol in its actor's configuration (sender thread, deliveries from
+              another thread): every step the "syncer" asks for one fragment and delivers a merged
+              one as an int4 difference, so every step pushes one fragment and adopts one.
+device ops - none is what the two jitted functions cost a step; decoupled - device ops is what the
+threads, messages and bookkeeping add. The syncer's own work is not here.
+
+Each block is timed in CPU seconds of the whole process (all its threads), which is what a
+learner takes from a machine whose cores are all busy; run it on one core (`taskset -c 0`) so
+that the threads compete for it as they do there. Blocks of one round run back to back, so the
+machine's drift (large here: whole runs of one arm differ by 10% from one minute to the next)
+cancels in the per-round differences, of which the table gives the median.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
 """
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import threading
@@ -37,8 +46,10 @@ from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment  # noqa:
 from dlc.config.load import load_recipe  # noqa: E402
 from dlc.core.codec import get_codec  # noqa: E402
 from dlc.core.learner import Learner  # noqa: E402
-from dlc.core.model import build_model, count_params  # noqa: E402
+from dlc.core.model import count_params  # noqa: E402
 from dlc.net.transport import Transport  # noqa: E402
+
+ARMS = ("none", "device ops", "decoupled")
 
 
 class Sink:
@@ -51,95 +62,95 @@ class Sink:
         self.pushes += 1
 
 
-ARMS = ("none", "decoupled", "device ops")
-
-
-def run(recipe, steps: int, arm: str) -> float:
-    """Steady steps per second over `steps` steps, after 5 warm-up steps."""
+def measure(recipe, blocks: int, block_steps: int, seed: int = 0) -> tuple[int, dict[str, list[float]]]:
+    """The model's parameter count, and CPU ms per step of every block of each arm."""
     stream = np.frombuffer(bytes(range(256)) * 4096, dtype=np.uint8)
     learner = Learner(recipe, 0, stream)
-    sync = None
-    if arm != "none":
-        sync = get_algorithm("decoupled").learner_sync(recipe, learner, Transport(), type("S", (), {"push": Sink()}))
-        sync.compile()
-        if arm == "decoupled":
-            sync.start_background()
-        codec = get_codec("int4", recipe.syncer.codec_block_values)
-        P = sync.plan.num_fragments
-        zeros = [codec.encode(np.zeros(sync.plan.size(p), np.float32)) for p in range(P)]
-        version = [0] * P
-    else:
-        learner.compile()
+    sync = get_algorithm("decoupled").learner_sync(recipe, learner, Transport(), type("S", (), {"push": Sink()}))
+    sync.compile()
+    sync.start_background()
+    codec = get_codec("int4", recipe.syncer.codec_block_values)
+    P = sync.plan.num_fragments
+    zeros = [codec.encode(np.zeros(sync.plan.size(p), np.float32)) for p in range(P)]
+    version = [0] * P
 
-    def deliver(k: int) -> None:  # from another thread, as Ray's delivery thread does
+    def deliver(k: int) -> None:  # from another thread, as the channel's reader thread does
         p = k % P
         sync.receive(FragmentRequest(p, version[p], 0.0))
         version[p] += 1
         sync.receive(MergedFragment(p, version[p], zeros[p], 0.0, base_version=version[p] - 1))
 
-    started = 0.0
-    for k in range(steps + 5):
-        if k == 5:
-            learner.flush()
-            started = time.perf_counter()
+    def step(arm: str, k: int) -> None:
         learner.train_step()
-        if arm == "device ops":  # what after_step dispatches at P = H: one extraction, one write
+        if arm == "device ops":  # what after_step dispatches at P = H
+            q = (k + P // 2) % P
             sync.ops.push(learner.params, k % P, sync.anchors[k % P])
-            learner.params = sync.ops.write(learner.params, (k + P // 2) % P, sync.anchors[(k + P // 2) % P])
-        elif sync is not None:
+            learner.params = sync.ops.write(learner.params, q, sync.anchors[q])
+        elif arm == "decoupled":
             thread = threading.Thread(target=deliver, args=(k,))
             thread.start()
             sync.after_step()
             thread.join()
-    learner.flush()
-    jax.block_until_ready(learner.params)
-    if sync is not None:
+
+    def settle() -> None:  # nothing of the previous block left in flight
+        learner.flush()
         sync.flush_sends()
-    return steps / (time.perf_counter() - started)
+        jax.block_until_ready(learner.params)
+
+    cpu_ms: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    order, k = list(ARMS), 0
+    shuffle = random.Random(seed).shuffle
+    for _ in range(blocks):
+        shuffle(order)
+        for arm in order:
+            for _ in range(2):  # the pipeline refilled with this arm's work
+                step(arm, k)
+                k += 1
+            started = time.process_time()
+            for _ in range(block_steps):
+                step(arm, k)
+                k += 1
+            settle()
+            cpu_ms[arm].append((time.process_time() - started) * 1e3 / block_steps)
+    return count_params(learner.params), cpu_ms
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default="recipes/tiny.yaml")
     ap.add_argument("--widths", default="32,64,128,256")
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--blocks", type=int, default=40, help="rounds of one block per arm")
+    ap.add_argument("--block-steps", type=int, default=20, help="timed steps per block")
     ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
     args = ap.parse_args()
     rows = []
     for width in (int(w) for w in args.widths.split(",")):
         recipe = load_recipe(REPO / args.recipe, [f"model.width={width}"])
-        rates: dict[str, list[float]] = {arm: [] for arm in ARMS}
-        for rep in range(args.repeats):
-            for arm in ARMS[rep % 3 :] + ARMS[: rep % 3]:  # each arm first, second and third in turn
-                rates[arm].append(run(recipe, args.steps, arm))
-        params = count_params(build_model(recipe.model, 0)[1])
-        ms = {arm: 1e3 / statistics.median(rates[arm]) for arm in ARMS}
-        each = {
-            arm: [d / n for d, n in zip(rates[arm], rates["none"], strict=True)] for arm in ("device ops", "decoupled")
+        params, cpu_ms = measure(recipe, args.blocks, args.block_steps)
+        none = statistics.median(cpu_ms["none"])
+        extra = {
+            arm: statistics.median(a - n for a, n in zip(cpu_ms[arm], cpu_ms["none"], strict=True)) for arm in ARMS[1:]
         }
-        rows.append((width, params, ms, each))
+        rows.append((width, params, none, extra))
         print(f"width {width}: {rows[-1]}", file=sys.stderr)
+    pinned = len(os.sched_getaffinity(0))
     lines = [
-        f"### The learner's own cost, per step time ({time.strftime('%Y-%m-%d')})",
+        f"### The learner's own cost, per step ({time.strftime('%Y-%m-%d')})",
         "",
-        f"`python bench/learner_loop.py --widths {args.widths} --steps {args.steps} --repeats {args.repeats}` on "
-        f"{platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), one XLA thread; "
-        "one push and one adoption (int4 difference) every step, no syncer. Step times are medians over repeats; "
-        "ratios are steps/s against `none` in the same repeat, their median, then each repeat.",
+        f"`python bench/learner_loop.py --widths {args.widths} --blocks {args.blocks} --block-steps "
+        f"{args.block_steps}` on {platform.node()} ({os.cpu_count()} CPUs, {pinned} of them allowed, "
+        f"{platform.processor() or platform.machine()}), one XLA thread; one push and one adoption (int4 "
+        "difference) every step, no syncer. CPU ms per step of the whole process; the extra cost of an arm "
+        "is the median over rounds of its block minus the `none` block of the same round.",
         "",
-        "| width | parameters | step, none (ms) | step, device ops (ms) | step, decoupled (ms) "
-        "| device ops / none | decoupled / none |",
+        "| width | parameters | step, none (CPU ms) | + device ops (ms) | + decoupled (ms) "
+        "| steps per CPU second, device ops / none | decoupled / none |",
         "|---|---|---|---|---|---|---|",
     ]
-
-    def ratios(values: list[float]) -> str:
-        return f"**{statistics.median(values):.3f}** ({', '.join(f'{r:.3f}' for r in values)})"
-
-    for width, params, ms, each in rows:
+    for width, params, none, extra in rows:
         lines.append(
-            f"| {width} | {params:,} | {ms['none']:.1f} | {ms['device ops']:.1f} | {ms['decoupled']:.1f} "
-            f"| {ratios(each['device ops'])} | {ratios(each['decoupled'])} |"
+            f"| {width} | {params:,} | {none:.1f} | {extra['device ops']:+.2f} | {extra['decoupled']:+.2f} "
+            f"| **{none / (none + extra['device ops']):.3f}** | **{none / (none + extra['decoupled']):.3f}** |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

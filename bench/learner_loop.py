@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import queue
 import random
 import statistics
 import sys
@@ -74,11 +75,17 @@ def measure(recipe, blocks: int, block_steps: int, seed: int = 0) -> tuple[int, 
     zeros = [codec.encode(np.zeros(sync.plan.size(p), np.float32)) for p in range(P)]
     version = [0] * P
 
-    def deliver(k: int) -> None:  # from another thread, as the channel's reader thread does
-        p = k % P
-        sync.receive(FragmentRequest(p, version[p], 0.0))
-        version[p] += 1
-        sync.receive(MergedFragment(p, version[p], zeros[p], 0.0, base_version=version[p] - 1))
+    deliveries: queue.Queue[int] = queue.Queue()
+
+    def deliver() -> None:  # one thread, woken by each step, as the channel's reader thread is
+        while True:
+            p = deliveries.get() % P
+            sync.receive(FragmentRequest(p, version[p], 0.0))
+            version[p] += 1
+            sync.receive(MergedFragment(p, version[p], zeros[p], 0.0, base_version=version[p] - 1))
+            deliveries.task_done()
+
+    threading.Thread(target=deliver, name="deliver", daemon=True).start()
 
     def step(arm: str, k: int) -> None:
         learner.train_step()
@@ -87,10 +94,9 @@ def measure(recipe, blocks: int, block_steps: int, seed: int = 0) -> tuple[int, 
             sync.ops.push(learner.params, k % P, sync.anchors[k % P])
             learner.params = sync.ops.write(learner.params, q, sync.anchors[q])
         elif arm == "decoupled":
-            thread = threading.Thread(target=deliver, args=(k,))
-            thread.start()
+            deliveries.put(k)
             sync.after_step()
-            thread.join()
+            deliveries.join()
 
     def settle() -> None:  # nothing of the previous block left in flight
         learner.flush()

@@ -91,6 +91,7 @@ def main() -> None:
     first = decoupled[0]
     bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
     bpb_m = statistics.mean(x["eval_bpb_final"] for x in decoupled)
+    per_repeat = {name: [d / n for d, n in zip(rates[name], rates["none"], strict=True)] for name in arms}
     lines = [
         f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
         "",
@@ -107,9 +108,9 @@ def main() -> None:
             f"| learner tokens/s with syncer / without (`algorithm=none`), {M} learners each"
             + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
             + f" | **{statistics.mean(rates[name]) / statistics.mean(rates['none']):.3f}**"
-            + spread([d / n for d, n in zip(rates[name], rates["none"], strict=True)])
+            + spread(per_repeat[name])
             + " (per repeat: "
-            + ", ".join(f"{d / n:.3f}" for d, n in zip(rates[name], rates["none"], strict=True))
+            + ", ".join(f"{r:.3f}" for r in per_repeat[name])
             + f"; {statistics.mean(rates[name]):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |"
             for name in arms
             if name != "none"

@@ -54,13 +54,10 @@ ARMS = ("none", "device ops", "decoupled")
 
 
 class Sink:
-    """The syncer's push method: takes the pushes and drops them."""
-
-    def __init__(self) -> None:
-        self.pushes = 0
+    """The syncer's push method: drops the pushes."""
 
     def remote(self, message: object) -> None:
-        self.pushes += 1
+        pass
 
 
 def measure(recipe, blocks: int, block_steps: int, seed: int = 0) -> tuple[int, dict[str, list[float]]]:

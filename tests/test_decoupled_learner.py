@@ -25,9 +25,13 @@ def test_two_learners_contribute_merge_and_learn():
         run.step_all()
     # The syncer's clock starts once it has two step reports from a learner; from then on one
     # round per global step (H = P = 4), each asking both learners, each answered a step later.
+    # The last round opened with the last close, a rounding error before its global step
+    # (`EARLY_OPEN`): the learners read its requests at their next step.
     assert run.syncer.schedule.global_step == pytest.approx(39.0)
+    assert run.syncer.schedule.next_round == 39
     assert 35 <= run.syncer.rounds_closed <= 38
-    assert [s.requests for s in run.syncs] == [run.syncer.requests_sent // 2] * 2
+    assert run.syncer.requests_sent == 2 * 39
+    assert [s.requests for s in run.syncs] == [38, 38]
     run.finish()
     status = run.syncer.status()
     assert status["rejections"] == {} and status["pushes_accepted"] == sum(s.pushes for s in run.syncs)

@@ -190,6 +190,51 @@ def test_the_ticking_thread_sleeps_until_the_next_round_or_grace_deadline():
     assert syncer.next_tick_in() == 0.02
 
 
+def test_a_round_due_soon_opens_with_a_close_and_its_requests_follow_the_merged_fragment():
+    # P = 2, H = 4: a round every 2 global steps. Two learners at 10 steps/s.
+    syncer, plan, _, clock = make(learners=2)
+    sent = []
+    syncer.deliver = lambda m, msg: sent.append((m, type(msg).__name__, msg.fragment)) or 0
+    for t in (0.0, 0.1, 0.2):
+        clock.now = t
+        for m in range(2):
+            syncer.heartbeat(m, int(t * 10))
+        syncer.tick()
+    assert syncer.book.is_open(0) and syncer.schedule.next_round == 1  # opened at global step 2
+    # Both answer at global step 2.5: the round closes 1.5 steps before round 1 is due (at 4),
+    # more than half the spacing (1 step): round 1 waits for its time.
+    clock.now = 0.25
+    for m in range(2):
+        syncer.push(push(m, 0, np.ones(plan.size(0)), seq=0))
+    sent.clear()
+    assert syncer.tick() == 1 and syncer.schedule.next_round == 1
+    assert sent == [(0, "MergedFragment", 0), (1, "MergedFragment", 0)]
+    clock.now = 0.4
+    for m in range(2):
+        syncer.heartbeat(m, 4)
+    syncer.tick()
+    assert syncer.book.is_open(1) and syncer.schedule.next_round == 2  # on time, at global step 4
+    # Both answer at global step 5.4, less than half the spacing before round 2 (at 6): it opens
+    # with the close, and each learner gets its request right behind the merged fragment.
+    clock.now = 0.55
+    for m in range(2):
+        syncer.heartbeat(m, 5)
+        syncer.push(push(m, 1, np.ones(plan.size(1)), seq=1))
+    sent.clear()
+    assert syncer.tick() == 1
+    assert syncer.schedule.next_round == 3 and syncer.book.is_open(0)
+    assert sent == [
+        (0, "MergedFragment", 1),
+        (1, "MergedFragment", 1),
+        (0, "FragmentRequest", 0),
+        (1, "FragmentRequest", 0),
+    ]
+    # When the global step reaches 6, the round is not opened again.
+    clock.now = 0.7
+    syncer.tick()
+    assert syncer.schedule.global_step > 6 and syncer.schedule.next_round == 3
+
+
 def test_a_push_sent_at_once_is_its_learners_heartbeat():
     syncer, plan, _, clock = make(learners=2, heartbeat_timeout_s=1.0)
     clock.now = 5.0  # both joined at 0: no longer healthy

@@ -5,7 +5,9 @@ Learners report their step with every heartbeat. Each learner's rate (steps per 
 measured over a few recent reports; the global step advances at the median rate of the learners
 that are stepping, so one slow or frozen learner never slows it and a fast one never rushes it.
 Fragment p's round opens every H global steps, staggered: the r-th round (r = 0, 1, ...) opens
-at global step (r + 1) H / P and is fragment r mod P, as in Streaming DiLoCo.
+at global step (r + 1) H / P and is fragment r mod P, as in Streaming DiLoCo. The syncer may
+open a round a little before that (`open_early`), to send its requests together with a merged
+fragment.
 
 Pure bookkeeping with the time passed in: no threads, no clock of its own.
 """
@@ -119,7 +121,7 @@ class Schedule:
             return []
         self.global_step += (now - last) * rate
         due = []
-        while self.global_step >= (self.next_round + 1) * self.spacing:
+        while self.global_step >= self._next_at():
             if len(due) < self.P:
                 due.append(self.next_round % self.P)
             self.next_round += 1
@@ -131,8 +133,25 @@ class Schedule:
         rate = self.rate(learners)
         if self._last_advance is None or rate is None:
             return None
-        step = self.global_step + max(0.0, now - self._last_advance) * rate
-        return max(0.0, ((self.next_round + 1) * self.spacing - step) / rate)
+        return max(0.0, (self._next_at() - self._step_at(now, rate)) / rate)
+
+    def open_early(self, now: float, learners: Collection[int], lead: float) -> int | None:
+        """The next round's fragment when the global step, as measured now, is within ``lead``
+        global steps of it: the round opens now, and `advance` will not open it again. None
+        when it is further off, or the clock does not advance."""
+        rate = self.rate(learners)
+        if self._last_advance is None or rate is None or self._step_at(now, rate) + lead < self._next_at():
+            return None
+        self.next_round += 1
+        return (self.next_round - 1) % self.P
+
+    def _step_at(self, now: float, rate: float) -> float:
+        assert self._last_advance is not None
+        return self.global_step + max(0.0, now - self._last_advance) * rate
+
+    def _next_at(self) -> float:
+        """The global step at which the next round opens."""
+        return (self.next_round + 1) * self.spacing
 
     def state(self) -> dict[str, float | int]:
         return {"global_step": self.global_step, "next_round": self.next_round}

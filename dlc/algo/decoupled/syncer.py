@@ -37,6 +37,11 @@ Deliver = Callable[[int, MergedFragment | FragmentRequest], int]  # (learner, me
 # Longest a syncer waits between two ticks when no deadline is nearer (`next_tick_in`).
 IDLE_TICK_S = 0.02
 
+# A round due within this share of the rounds' spacing when another closes opens with the close.
+# A request that arrives early makes a learner push that fragment at most a step sooner; one that
+# arrives on its own costs every learner a wake-up of its receiving thread (`bench/RESULTS.md`).
+EARLY_OPEN = 0.5
+
 # Downlink codecs that send the difference from the version the learners hold.
 DIFF_CODECS = frozenset({"int8", "int4"})
 
@@ -224,6 +229,12 @@ class DecoupledSyncer(GlobalFragments):
         ready = self.book.closable(active)
         for p in ready:
             self._close(p, active)
+        if ready and self.scheduled:
+            # Merged fragments just went down: a round due soon opens now, so that its requests
+            # follow them on every learner's connection and wake each learner's receiver once.
+            early = self.schedule.open_early(self.clock(), active, EARLY_OPEN * self.schedule.spacing)
+            if early is not None:
+                self.open_round(early, healthy)
         return len(ready)
 
     def next_tick_in(self) -> float:

@@ -39,6 +39,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dlc.core.runtime import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # as every learner process does (`start_backend`)
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 

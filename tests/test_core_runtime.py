@@ -122,6 +122,40 @@ def test_cpu_threads_sets_how_many_threads_xla_computes_with_and_leaves_every_cp
     assert start(len(every[0]) + 3) == default  # more than there are CPUs: XLA's own choice
 
 
+# Allocates and frees a 40 MB block three times, as XLA does a step's temporaries, and prints the
+# page faults of each allocation, with the allocator told to keep freed memory or not.
+REUSE = textwrap.dedent(
+    """
+    import ctypes, json, resource, sys
+    import numpy as np
+    from dlc.core.runtime import keep_freed_memory
+    ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: a fault per 4 KiB page, whatever the kernel's setting
+    kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+    faults = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = np.ones(10_000_000, np.float32)
+        del block
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(json.dumps({"kept": kept, "faults": faults}))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_process_that_keeps_freed_memory_reuses_a_large_block_instead_of_faulting_it_in_again():
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", REUSE, mode], cwd=REPO, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    plain, kept = run("plain"), run("keep")
+    pages = 40_000_000 // 4096
+    # By default every allocation maps the block afresh and faults each of its pages in again.
+    assert not plain["kept"] and min(plain["faults"]) >= pages * 0.9
+    # Kept: the first allocation faults the block in once; the next ones reuse it.
+    assert kept["kept"] and kept["faults"][0] >= pages * 0.9 and max(kept["faults"][1:]) < pages * 0.01
+
+
 def test_a_process_that_reserved_a_gpu_but_got_cpu_says_how_to_fix_it():
     # This machine's JAX has no GPU backend: what a learner with num_gpus > 0 meets without the CUDA plugin.
     with pytest.raises(BackendError) as err:

@@ -22,7 +22,10 @@ class EvaluatorWorker:
         self.backend_error: str | None = None
         try:
             self.device = start_backend(
-                evaluator_setup(self.recipe, {}).platform, "eval.num_gpus", self.recipe.learners.xla_threads(None)
+                evaluator_setup(self.recipe, {}).platform,
+                "eval.num_gpus",
+                self.recipe.learners.xla_threads(None),
+                self.recipe.learners.keep_freed_memory,
             )
         except BackendError as exc:  # reported by device_info, in one line
             self.backend_error = f"the evaluator (eval.num_gpus={self.recipe.eval.num_gpus:g}): {exc}"

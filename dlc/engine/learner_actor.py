@@ -152,7 +152,11 @@ class LearnerWorker:
         self.backend_error: str | None = None
         platform = learner_setup(self.recipe, index, {}).platform
         try:
-            self.device = start_backend(platform, cpu_threads=self.recipe.learners.xla_threads(index))
+            self.device = start_backend(
+                platform,
+                cpu_threads=self.recipe.learners.xla_threads(index),
+                keep_memory=self.recipe.learners.keep_freed_memory,
+            )
         except BackendError as exc:
             who = "hot spare" if index is None else f"learner {index}"
             self.backend_error = f"{who} (pid {os.getpid()}): {exc}"

@@ -47,7 +47,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
-    # Both or neither: without mappings, a trim would hand the freed block back all the same.
+    # Both: with mappings off, trimming the heap would still hand the freed block back.
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
 
 

@@ -156,6 +156,32 @@ def test_a_process_that_keeps_freed_memory_reuses_a_large_block_instead_of_fault
     assert kept["kept"] and kept["faults"][0] >= pages * 0.9 and max(kept["faults"][1:]) < pages * 0.01
 
 
+# Keeps freed memory, fills and frees 200 MB in 2 MB blocks, then hands the freed memory back;
+# prints the resident MiB after freeing and after handing back.
+RELEASE = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    from dlc.core.runtime import keep_freed_memory, release_freed_memory
+    def rss():
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+    assert keep_freed_memory()
+    blocks = [np.ones(500_000, np.float32) for _ in range(100)]
+    del blocks
+    kept = rss()
+    assert release_freed_memory()
+    print(json.dumps({"kept": kept, "released": rss()}))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_memory_a_process_kept_goes_back_to_the_kernel_when_it_says_so():
+    out = subprocess.run([sys.executable, "-c", RELEASE], cwd=REPO, capture_output=True, text=True, check=True)
+    rss = json.loads(out.stdout)
+    assert rss["kept"] - rss["released"] >= 150  # of the 200 MB freed
+
+
 def test_a_process_that_reserved_a_gpu_but_got_cpu_says_how_to_fix_it():
     # This machine's JAX has no GPU backend: what a learner with num_gpus > 0 meets without the CUDA plugin.
     with pytest.raises(BackendError) as err:

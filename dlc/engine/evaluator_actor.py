@@ -20,6 +20,7 @@ class EvaluatorWorker:
         from dlc.core.runtime import BackendError, compilation_cache_dir, enable_compilation_cache, start_backend
 
         self.backend_error: str | None = None
+        self._released = False
         try:
             self.device = start_backend(
                 evaluator_setup(self.recipe, {}).platform,
@@ -47,7 +48,12 @@ class EvaluatorWorker:
         return dict(self.device)
 
     def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
-        return self.evaluator(self._unflatten(flat, self.like))
+        result = self.evaluator(self._unflatten(flat, self.like))
+        if not self._released and self.recipe.learners.keep_freed_memory:
+            from dlc.core.runtime import release_freed_memory
+
+            self._released = release_freed_memory()  # what compiling the first evaluation left free
+        return result
 
 
 EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)

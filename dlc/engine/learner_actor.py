@@ -32,6 +32,7 @@ from dlc.core.runtime import (
     CompileLog,
     compilation_cache_dir,
     enable_compilation_cache,
+    release_freed_memory,
     start_backend,
 )
 from dlc.engine.cluster import node_info
@@ -232,6 +233,8 @@ class LearnerWorker:
             self.error = traceback.format_exc()
             self.state = "failed"
             return
+        if self.recipe.learners.keep_freed_memory:
+            release_freed_memory()  # what compiling left free, which the process would keep
         compiled, hits = sum(log.compiled.values()) - before[0], log.cache_hits - before[1]
         self.startup["compile_s"] = round(time.monotonic() - started, 3)
         self.startup["compiled_from"] = "cache" if compiled and hits == compiled else "xla" if not hits else "both"
@@ -355,6 +358,8 @@ class LearnerWorker:
                 if learner.step % recipe.checkpoint.every_steps == 0:
                     saving = time.monotonic()
                     self.save()
+                    if recipe.learners.keep_freed_memory:
+                        release_freed_memory()  # what writing the checkpoint left free
                     self.blocked_s["checkpoint"] += time.monotonic() - saving
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
                 now = time.monotonic()

@@ -233,11 +233,11 @@ class LearnerWorker:
             self.error = traceback.format_exc()
             self.state = "failed"
             return
-        if self.recipe.learners.keep_freed_memory:
-            release_freed_memory()  # what compiling left free, which the process would keep
         compiled, hits = sum(log.compiled.values()) - before[0], log.cache_hits - before[1]
         self.startup["compile_s"] = round(time.monotonic() - started, 3)
         self.startup["compiled_from"] = "cache" if compiled and hits == compiled else "xla" if not hits else "both"
+        if self.recipe.learners.keep_freed_memory:
+            release_freed_memory()  # what compiling left free, which the process would keep
         self._compiled.set()
 
     def current_phase(self) -> str | None:

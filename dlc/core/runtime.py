@@ -40,11 +40,8 @@ def keep_freed_memory() -> bool:
     frees it keeps until `release_freed_memory` hands it back. glibc only (Linux); elsewhere
     nothing changes.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
     # Both: with mappings off, trimming the heap would still hand the freed block back.
@@ -60,14 +57,21 @@ def release_freed_memory() -> bool:
     keep freed memory; `bench/RESULTS.md`).
     True if it ran.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    malloc_trim = _glibc("malloc_trim")
+    if malloc_trim is None:
         return False
     malloc_trim(0)
     return True
+
+
+def _glibc(name: str) -> Any:
+    """The C library's function `name` in this process, or None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
 
 
 # -- the device a process trains on ------------------------------------------------------------

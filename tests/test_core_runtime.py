@@ -165,6 +165,7 @@ RELEASE = textwrap.dedent(
     from dlc.core.runtime import keep_freed_memory, release_freed_memory
     def rss():
         return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+    assert not release_freed_memory()  # nothing to do while the allocator hands memory back itself
     assert keep_freed_memory()
     blocks = [np.ones(500_000, np.float32) for _ in range(100)]
     del blocks

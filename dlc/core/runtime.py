@@ -29,6 +29,11 @@ def limit_xla_threads(threads: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+# Whether this process's allocator keeps what it frees (`keep_freed_memory`): a setting of the whole
+# process, as the allocator's own is.
+_keeping = False
+
+
 def keep_freed_memory() -> bool:
     """Make this process's allocator keep the memory it frees for reuse; True if it now does.
 
@@ -45,7 +50,9 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
     # Both: with mappings off, trimming the heap would still hand the freed block back.
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    global _keeping
+    _keeping = bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    return _keeping
 
 
 def release_freed_memory() -> bool:
@@ -54,10 +61,10 @@ def release_freed_memory() -> bool:
     For a process that keeps freed memory (`keep_freed_memory`), after work that leaves much of it
     free: compiling leaves over a hundred megabytes, which the process would otherwise hold until
     it exits (a tiny learner on one core then trains in 380 MiB, against 502 for one that does not
-    keep freed memory; `bench/RESULTS.md`).
-    True if it ran.
+    keep freed memory; `bench/RESULTS.md`). True if it ran; in a process that does not keep freed
+    memory it does nothing, as its allocator hands memory back by itself.
     """
-    malloc_trim = _glibc("malloc_trim")
+    malloc_trim = _glibc("malloc_trim") if _keeping else None
     if malloc_trim is None:
         return False
     malloc_trim(0)

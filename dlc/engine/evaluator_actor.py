@@ -49,7 +49,7 @@ class EvaluatorWorker:
 
     def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
         result = self.evaluator(self._unflatten(flat, self.like))
-        if not self._released and self.recipe.learners.keep_freed_memory:
+        if not self._released:
             from dlc.core.runtime import release_freed_memory
 
             self._released = release_freed_memory()  # what compiling the first evaluation left free

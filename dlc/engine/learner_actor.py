@@ -236,8 +236,7 @@ class LearnerWorker:
         compiled, hits = sum(log.compiled.values()) - before[0], log.cache_hits - before[1]
         self.startup["compile_s"] = round(time.monotonic() - started, 3)
         self.startup["compiled_from"] = "cache" if compiled and hits == compiled else "xla" if not hits else "both"
-        if self.recipe.learners.keep_freed_memory:
-            release_freed_memory()  # what compiling left free, which the process would keep
+        release_freed_memory()  # what compiling left free, which a process keeping freed memory would hold
         self._compiled.set()
 
     def current_phase(self) -> str | None:
@@ -358,8 +357,7 @@ class LearnerWorker:
                 if learner.step % recipe.checkpoint.every_steps == 0:
                     saving = time.monotonic()
                     self.save()
-                    if recipe.learners.keep_freed_memory:
-                        release_freed_memory()  # what writing the checkpoint left free
+                    release_freed_memory()  # what writing the checkpoint left free
                     self.blocked_s["checkpoint"] += time.monotonic() - saving
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
                 now = time.monotonic()

@@ -39,8 +39,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dlc.core.runtime import keep_freed_memory  # noqa: E402
+from dlc.core.runtime import ARENA_VAR, keep_freed_memory  # noqa: E402
 
+if ARENA_VAR not in os.environ:  # glibc reads it only at start: start again with one arena, as learners do
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, ARENA_VAR: "1"})
 keep_freed_memory()  # as every learner process does (`start_backend`)
 
 import jax  # noqa: E402

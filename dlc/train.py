@@ -35,7 +35,7 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, c
     if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
         plan = fragment_plan(recipe)
         check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
-    started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved())
+    started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
     try:
         # Ray would leave an actor asking for what no node has pending forever: refuse it now.
         devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])

@@ -440,7 +440,7 @@ def test_a_resume_refused_while_the_engine_starts_writes_nothing(run_copy, corpu
 
     node = {"node_id": "n0", "ip": "127.0.0.1", "host": "h", "head": True, "resources": {"CPU": 64.0}, "labels": {}}
     started = {"address": "embedded", "nodes": [node], "driver_node": "n0"}
-    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", lambda cfg, cpus: started)
+    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", lambda cfg, cpus, env: started)
     monkeypatch.setattr(dlc.engine.cluster, "nodes", lambda: [node])
     monkeypatch.setattr(dlc.engine.cluster, "stop_cluster", lambda: None)
     monkeypatch.setattr(Driver, "_launch", unreadable)

@@ -7,11 +7,19 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import jax
 import pytest
 
-from dlc.core.runtime import BackendError, device_label, repair_compilation_cache, start_backend
+from dlc.core.runtime import (
+    ARENA_VAR,
+    BackendError,
+    allocator,
+    device_label,
+    repair_compilation_cache,
+    start_backend,
+)
 from tests.helpers import REPO
 
 # Compiles two functions with the cache on and prints what it compiled and what it loaded.
@@ -82,7 +90,8 @@ def test_an_unusable_cache_directory_is_refused_before_the_run_directory_exists(
 
 
 def test_a_cpu_process_reports_its_device():
-    assert start_backend("cpu") == {"platform": "cpu", "device_kind": "cpu", "device": "cpu"}
+    device = start_backend("cpu", keep_memory=False)  # this test process's allocator stays as it is
+    assert device == {"platform": "cpu", "device_kind": "cpu", "device": "cpu", "allocator": allocator()}
 
 
 # Starts the CPU backend with `cpu_threads` threads, runs a matmul and prints XLA's compute threads
@@ -123,37 +132,65 @@ def test_cpu_threads_sets_how_many_threads_xla_computes_with_and_leaves_every_cp
 
 
 # Allocates and frees a 40 MB block three times, as XLA does a step's temporaries, and prints the
-# page faults of each allocation, with the allocator told to keep freed memory or not.
+# page faults of each allocation, with the allocator told to keep freed memory or not. In a thread of
+# its own that already holds 30 MB (as XLA's thread in a learner does), the block is more than the
+# thread's arena's first 64 MB heap has room for.
 REUSE = textwrap.dedent(
     """
-    import ctypes, json, resource, sys
+    import ctypes, json, resource, sys, threading
     import numpy as np
-    from dlc.core.runtime import keep_freed_memory
+    from dlc.core.runtime import allocator, keep_freed_memory
     ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: a fault per 4 KiB page, whatever the kernel's setting
-    kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+    mode, where = sys.argv[1:]
+    kept = keep_freed_memory() if mode == "keep" else False
     faults = []
-    for _ in range(3):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        block = np.ones(10_000_000, np.float32)
-        del block
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    print(json.dumps({"kept": kept, "faults": faults}))
+    def allocate():
+        held = np.ones(7_500_000, np.float32) if where == "thread" else None
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            block = np.ones(10_000_000, np.float32)
+            del block
+            faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+    if where == "thread":
+        thread = threading.Thread(target=allocate)
+        thread.start()
+        thread.join()
+    else:
+        allocate()
+    print(json.dumps({"kept": kept, "allocator": allocator(), "faults": faults}))
     """
 )
 
 
+def reuse(mode: str, where: str = "main", arenas: str | None = None) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != ARENA_VAR}
+    if arenas is not None:
+        env[ARENA_VAR] = arenas
+    argv = [sys.executable, "-c", REUSE, mode, where]
+    return json.loads(subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout)
+
+
+PAGES = 40_000_000 // 4096
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_a_process_that_keeps_freed_memory_reuses_a_large_block_instead_of_faulting_it_in_again():
-    def run(mode):
-        out = subprocess.run([sys.executable, "-c", REUSE, mode], cwd=REPO, capture_output=True, text=True, check=True)
-        return json.loads(out.stdout)
-
-    plain, kept = run("plain"), run("keep")
-    pages = 40_000_000 // 4096
+    plain, kept = reuse("plain"), reuse("keep")
     # By default every allocation maps the block afresh and faults each of its pages in again.
-    assert not plain["kept"] and min(plain["faults"]) >= pages * 0.9
+    assert not plain["kept"] and plain["allocator"] == "returned" and min(plain["faults"]) >= PAGES * 0.9
     # Kept: the first allocation faults the block in once; the next ones reuse it.
-    assert kept["kept"] and kept["faults"][0] >= pages * 0.9 and max(kept["faults"][1:]) < pages * 0.01
+    assert kept["kept"] and kept["faults"][0] >= PAGES * 0.9 and max(kept["faults"][1:]) < PAGES * 0.01
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_thread_reuses_a_large_block_only_in_a_process_started_with_one_arena():
+    # The thread's own arena maps a heap for the block and unmaps it when it is freed, kept or not.
+    arenas = reuse("keep", "thread")
+    assert arenas["allocator"] == "kept" and min(arenas["faults"]) >= PAGES * 0.9
+    # With one arena (as dlc starts learners) the thread allocates from the main heap, which keeps it.
+    one = reuse("keep", "thread", arenas="1")
+    assert one["allocator"] == "kept, one arena"
+    assert one["faults"][0] >= PAGES * 0.9 and max(one["faults"][1:]) < PAGES * 0.01
 
 
 # Keeps freed memory, fills and frees 200 MB in 2 MB blocks, then hands the freed memory back;

@@ -9,6 +9,7 @@ from dlc.config.load import load_recipe
 from dlc.config.schema import ClusterConfig
 from dlc.engine.devices import (
     check_resources,
+    embedded_env,
     evaluator_setup,
     gpu_demand,
     inherited_env,
@@ -34,11 +35,11 @@ def test_cpu_learners_syncer_and_evaluator_never_see_a_gpu():
         syncer_setup(recipe),
         evaluator_setup(recipe, NO_USER_ENV),
     ):
-        assert placement.platform == "cpu" and placement.env == {"JAX_PLATFORMS": "cpu"}
+        assert placement.platform == "cpu" and placement.env["JAX_PLATFORMS"] == "cpu"
         assert "num_gpus" not in placement.ray_options() and "accelerator_type" not in placement.ray_options()
     assert learner_setup(recipe, 0, NO_USER_ENV).ray_options() == {
         "num_cpus": 1.0,
-        "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu"}},
+        "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu", "MALLOC_ARENA_MAX": "1"}},
     }
     assert evaluator_setup(recipe, NO_USER_ENV).ray_options()["num_cpus"] == 0.0
 
@@ -48,15 +49,16 @@ def test_gpu_recipe_shares_one_gpu_and_its_memory_among_four_learners_and_the_ev
     learners = [learner_setup(recipe, i, NO_USER_ENV) for i in range(4)]
     evaluator = evaluator_setup(recipe, NO_USER_ENV)
     # 0.24 x 0.9 = 0.216 of the GPU's memory per learner, 0.04 x 0.9 = 0.036 for the evaluator.
-    assert all(p.env == {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.216"} for p in learners)
-    assert evaluator.env == {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.036"}
+    gpu = {"JAX_PLATFORMS": "", "MALLOC_ARENA_MAX": "1"}
+    assert all(p.env == {**gpu, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.216"} for p in learners)
+    assert evaluator.env == {**gpu, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.036"}
     # Together 4 x 0.216 + 0.036 = 0.9 of the GPU: JAX's own default (0.75 each) would not fit twice.
     fractions = [float(p.env["XLA_PYTHON_CLIENT_MEM_FRACTION"]) for p in [*learners, evaluator]]
     assert sum(fractions) == pytest.approx(0.9)
     assert learners[0].ray_options() == {
         "num_cpus": 1.0,
         "num_gpus": 0.24,
-        "runtime_env": {"env_vars": {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.216"}},
+        "runtime_env": {"env_vars": {**gpu, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.216"}},
     }
     assert syncer_setup(recipe).env == {"JAX_PLATFORMS": "cpu"}  # merges NumPy arrays
     assert gpu_demand(recipe) == {None: pytest.approx(1.0)}
@@ -88,18 +90,34 @@ def test_mixed_recipe_puts_learner_0_on_the_gpu_and_the_others_on_cpu():
 def test_processes_of_an_embedded_cluster_are_not_told_what_they_inherit():
     recipe = load_recipe(MIXED)
     driver = {"JAX_PLATFORMS": "cpu", "PATH": "/bin"}  # what dlc train's own environment holds
+    # ... and what it adds before it starts an embedded cluster: one malloc arena, for the learners.
+    assert embedded_env(recipe, driver) == {"MALLOC_ARENA_MAX": "1"}
+    driver.update(embedded_env(recipe, driver))
     # No runtime_env: Ray may hand the process a worker it started in advance.
     assert learner_setup(recipe, 1, NO_USER_ENV).ray_options(driver) == {"num_cpus": 1.0}
     assert syncer_setup(recipe).ray_options(driver) == {"num_cpus": 1.0}
     gpu = learner_setup(recipe, 0, NO_USER_ENV).ray_options(driver)
     assert gpu["runtime_env"] == {"env_vars": {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}}
     # dlc train run with JAX_PLATFORMS=cuda by hand: the CPU processes are told otherwise.
-    assert learner_setup(recipe, 1, NO_USER_ENV).ray_options({"JAX_PLATFORMS": "cuda"})["runtime_env"] == {
+    assert learner_setup(recipe, 1, NO_USER_ENV).ray_options({**driver, "JAX_PLATFORMS": "cuda"})["runtime_env"] == {
         "env_vars": {"JAX_PLATFORMS": "cpu"}
     }
     # A joined cluster's processes inherit nothing from the driver: every variable is set.
     assert inherited_env(ClusterConfig(address="auto")) is None
     assert inherited_env(ClusterConfig()) is not None
+
+
+def test_learners_that_keep_freed_memory_start_with_one_malloc_arena_unless_set_by_hand():
+    keep, plain = load_recipe(TINY), load_recipe(TINY, ["learners.keep_freed_memory=false"])
+    assert learner_setup(keep, 0, NO_USER_ENV).env == {"JAX_PLATFORMS": "cpu", "MALLOC_ARENA_MAX": "1"}
+    assert evaluator_setup(keep, NO_USER_ENV).env == {"JAX_PLATFORMS": "cpu", "MALLOC_ARENA_MAX": "1"}
+    cpu = {"JAX_PLATFORMS": "cpu"}
+    assert learner_setup(plain, 0, NO_USER_ENV).env == evaluator_setup(plain, NO_USER_ENV).env == cpu
+    assert embedded_env(plain, NO_USER_ENV) == {}
+    # Set by hand in the driver's environment: every learner gets that value, and an embedded cluster
+    # inherits it as it is.
+    by_hand = {"MALLOC_ARENA_MAX": "2"}
+    assert learner_setup(keep, 0, by_hand).env["MALLOC_ARENA_MAX"] == "2" and embedded_env(keep, by_hand) == {}
 
 
 def test_accelerator_types_pick_gpu_kinds_and_cpu_learners_ignore_them():

@@ -67,6 +67,9 @@ def test_four_learners_merge_and_learn(calm_run):
     # Every learner says which device it trains on: CPU here (JAX_PLATFORMS=cpu from its placement).
     started = [e for e in events if e["kind"] == "learner_started"]
     assert [(e["platform"], e["device"]) for e in started] == [("cpu", "cpu")] * 4
+    # Each keeps the memory it frees, on one malloc arena: the environment of the embedded cluster
+    # reached the learner processes.
+    assert [e["allocator"] for e in started] == ["kept, one arena"] * 4
     assert [row["device"] for row in status["learners"]] == ["cpu"] * 4
     assert {"versions", "quorum", "grace_window_s", "rejections", "bytes_up", "bytes_down"} <= set(status["syncer"])
     # Every push and heartbeat came up the direct channel, not as an actor call.

@@ -202,7 +202,9 @@ class LearnersConfig(Section):
         description="Learners (and the evaluator) keep the memory they free for reuse instead of handing it back "
         "to the kernel (Linux, glibc), and hand it back only after compiling and after each checkpoint: XLA's "
         "per-step temporaries are not faulted in afresh every step, which took a third of a tiny learner's CPU "
-        "step. Between checkpoints a learner may hold more memory (a tiny one 400-650 MiB against 455-486).",
+        "step. They start with one malloc arena (MALLOC_ARENA_MAX=1, unless set by hand), without which a "
+        "thread's own arena still unmaps them. Between checkpoints a learner may hold more memory (a tiny one "
+        "470-595 MiB against 455-486).",
     )
     placement: Literal["spread", "pack"] = Field(
         "spread",

@@ -32,6 +32,10 @@ def limit_xla_threads(threads: int) -> None:
 # Whether this process's allocator keeps what it frees (`keep_freed_memory`): a setting of the whole
 # process, as the allocator's own is.
 _keeping = False
+# glibc's number of malloc arenas, read once, when a process starts: "1" puts every thread on the
+# main heap, the one `keep_freed_memory` can make keep what it frees (`dlc.engine.devices` starts the
+# learners and the evaluator with it).
+ARENA_VAR = "MALLOC_ARENA_MAX"
 
 
 def keep_freed_memory() -> bool:
@@ -44,6 +48,14 @@ def keep_freed_memory() -> bool:
     heap never trimmed, the block stays in the heap and the next step reuses it. What the process
     frees it keeps until `release_freed_memory` hands it back. glibc only (Linux); elsewhere
     nothing changes.
+
+    Only the main heap is kept whole. A thread other than the main one allocates from an arena of
+    its own, made of 64 MB heaps; a block that does not fit the arena's current heap gets a heap
+    mapped for it, which glibc unmaps when the block is freed, whatever the settings here. That is
+    XLA's thread in a learner, whose arena also holds what the learner's other threads allocate:
+    its temporaries' block faulted in afresh at every step still, hundreds of pages a step more
+    with the protocol's threads than without (`bench/RESULTS.md`). A process started with
+    MALLOC_ARENA_MAX=1 (`ARENA_VAR`) has one arena, the main heap, for every thread.
     """
     mallopt = _glibc("mallopt")
     if mallopt is None:
@@ -69,6 +81,14 @@ def release_freed_memory() -> bool:
         return False
     malloc_trim(0)
     return True
+
+
+def allocator() -> str:
+    """How this process's allocator treats what it frees, for the run log: 'kept, one arena' (as
+    learners run by default), 'kept' (per-thread arenas may still hand some back), or 'returned'."""
+    if not _keeping:
+        return "returned"
+    return "kept, one arena" if os.environ.get(ARENA_VAR) == "1" else "kept"
 
 
 def _glibc(name: str) -> Any:
@@ -137,7 +157,7 @@ def start_backend(
 ) -> dict[str, str]:
     """Start JAX's backend in this process and check it is on `platform` (gpu or cpu).
 
-    Returns the platform, the device kind and their label. Raises BackendError with the
+    Returns the platform, the device kind, their label and how the allocator keeps memory. Raises BackendError with the
     backend's own first line and the fix (naming `share_field`, the recipe field that asked for the
     GPU) when JAX fails to start, or starts elsewhere: JAX falls back to CPU when no GPU plugin
     is installed. On CPU, `cpu_threads` is how many threads XLA computes with (None: XLA's own, one per CPU).
@@ -165,6 +185,7 @@ def start_backend(
         "platform": device.platform,
         "device_kind": device.device_kind,
         "device": device_label(device.platform, device.device_kind),
+        "allocator": allocator(),
     }
 
 

@@ -23,7 +23,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -41,11 +41,16 @@ TOKEN_HELP = (
 )
 
 
-def start_cluster(cfg: ClusterConfig, cpus_needed: float) -> dict[str, Any]:
-    """Join `cfg.address`, or start an embedded single-node cluster on loopback; returns what the run logs."""
+def start_cluster(cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Join `cfg.address`, or start an embedded single-node cluster on loopback; returns what the run logs.
+
+    `env`: variables for every process of an embedded cluster, which inherits them from the driver's
+    environment (`devices.embedded_env`); they stay in it, where `devices.inherited_env` finds them.
+    """
     if cfg.address:
         _join(cfg.address, cpus_needed)
     else:
+        os.environ.update(env or {})
         # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.
         num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), cpus_needed)
         _start_embedded(int(np.ceil(num_cpus)))

@@ -11,6 +11,11 @@ GPU; the driver applies them through `.options(**setup.ray_options())`. Ray sets
 - Everything else (CPU learners, the syncer, the evaluator unless `eval.num_gpus`, the driver)
   gets JAX_PLATFORMS=cpu: Ray leaves CUDA_VISIBLE_DEVICES alone for a process that reserved no GPU,
   and a CUDA-enabled JAX would otherwise take 75% of every GPU it sees.
+- Learners and the evaluator that keep freed memory (`learners.keep_freed_memory`) start with one
+  malloc arena (MALLOC_ARENA_MAX=1): glibc reads it only then, and without it XLA's thread
+  allocates from a heap that unmaps its temporaries (`dlc.core.runtime.keep_freed_memory`). An
+  embedded cluster gets it from the driver's environment (`embedded_env`), so no process needs a
+  runtime_env for it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlc.config.schema import ClusterConfig, Recipe
+from dlc.core.runtime import ARENA_VAR
 from dlc.errors import UserError
 
 # Of a process's share of its GPU's memory, what JAX may take; the rest is left to each process's
@@ -63,15 +69,28 @@ class DeviceSetup:
         return out
 
 
-def process_env(num_gpus: float, user_env: Mapping[str, str]) -> dict[str, str]:
-    """The environment a process reserving `num_gpus` GPUs starts with."""
-    if num_gpus <= 0:
-        return {"JAX_PLATFORMS": "cpu"}
-    # Empty: JAX chooses (the GPU). The driver's own JAX_PLATFORMS=cpu must not reach this process.
-    env = {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(num_gpus, 1.0) * GPU_MEMORY_SHARE:.4g}"}
-    # Set by hand, each wins; with PREALLOCATE=false alone, the share still caps what JAX may grow to.
-    env.update({name: user_env[name] for name in MEMORY_VARS if name in user_env})
+def process_env(num_gpus: float, user_env: Mapping[str, str], keep_memory: bool = False) -> dict[str, str]:
+    """The environment a process reserving `num_gpus` GPUs starts with; `keep_memory`: one that
+    keeps the memory it frees (learners and the evaluator, by `learners.keep_freed_memory`)."""
+    env = {"JAX_PLATFORMS": "cpu"}
+    if num_gpus > 0:
+        # Empty: JAX chooses (the GPU). The driver's own JAX_PLATFORMS=cpu must not reach this process.
+        env = {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(num_gpus, 1.0) * GPU_MEMORY_SHARE:.4g}"}
+        # Set by hand, each wins; with PREALLOCATE=false alone, the share still caps what JAX may grow to.
+        env.update({name: user_env[name] for name in MEMORY_VARS if name in user_env})
+    if keep_memory:
+        env[ARENA_VAR] = user_env.get(ARENA_VAR, "1")  # set by hand, it wins
     return env
+
+
+def embedded_env(recipe: Recipe, user_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the driver adds to its own environment before it starts an embedded cluster: variables
+    the learners start with that every process of the cluster may as well inherit, so that no
+    learner needs a runtime_env (a worker process started for it: about a second more each)."""
+    user_env = os.environ if user_env is None else user_env
+    if recipe.learners.keep_freed_memory and ARENA_VAR not in user_env:
+        return {ARENA_VAR: "1"}
+    return {}
 
 
 def learner_setup(recipe: Recipe, index: int | None, user_env: Mapping[str, str] | None = None) -> DeviceSetup:
@@ -81,7 +100,9 @@ def learner_setup(recipe: Recipe, index: int | None, user_env: Mapping[str, str]
         num_cpus=settings.num_cpus,
         num_gpus=settings.num_gpus,
         accelerator_type=settings.accelerator_type if settings.num_gpus > 0 else None,
-        env=process_env(settings.num_gpus, os.environ if user_env is None else user_env),
+        env=process_env(
+            settings.num_gpus, os.environ if user_env is None else user_env, recipe.learners.keep_freed_memory
+        ),
     )
 
 
@@ -93,7 +114,8 @@ def syncer_setup(recipe: Recipe) -> DeviceSetup:
 def evaluator_setup(recipe: Recipe, user_env: Mapping[str, str] | None = None) -> DeviceSetup:
     """The evaluator reserves no CPU (it runs between the learners' steps), and a GPU share only if asked."""
     gpus = recipe.eval.num_gpus
-    return DeviceSetup(num_cpus=0.0, num_gpus=gpus, env=process_env(gpus, os.environ if user_env is None else user_env))
+    env = process_env(gpus, os.environ if user_env is None else user_env, recipe.learners.keep_freed_memory)
+    return DeviceSetup(num_cpus=0.0, num_gpus=gpus, env=env)
 
 
 def inherited_env(cluster: ClusterConfig) -> Mapping[str, str] | None:

@@ -107,10 +107,13 @@ class Driver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        from dlc.engine import cluster
+        from dlc.engine import cluster, devices
 
         if not self.cluster_info:  # a caller that did not start it (tests): start it here
-            self.cluster_info = cluster.start_cluster(self.recipe.cluster, self.recipe.cpus_reserved())
+            recipe = self.recipe
+            self.cluster_info = cluster.start_cluster(
+                recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe)
+            )
         self.rundir.event("cluster_started", **self.cluster_info)
         try:
             self._launch()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dlc.algo.decoupled.messages import MergedFragment, Push
-from dlc.algo.decoupled.syncer import DecoupledSyncer
+from dlc.algo.decoupled.syncer import IDLE_TICK_S, DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
@@ -166,7 +166,7 @@ def test_the_global_step_follows_the_median_learner_and_opens_one_round_per_h_ov
 def test_the_ticking_thread_sleeps_until_the_next_round_or_grace_deadline():
     # P = 2, H = 4: a round every 2 global steps. Two learners at 10 steps/s.
     syncer, plan, _, clock = make(learners=2, grace_gamma=0.5)
-    assert syncer.next_tick_in() == 0.02  # nothing measured yet: wake at the idle period
+    assert syncer.next_tick_in() == IDLE_TICK_S == 0.1  # nothing measured yet: wake at the idle period
     for t in (0.0, 0.1):
         clock.now = t
         for m in range(2):
@@ -174,20 +174,20 @@ def test_the_ticking_thread_sleeps_until_the_next_round_or_grace_deadline():
         syncer.tick()
     # Global step 1 at 0.1 s: the first round opens at global step 2, at 0.2 s.
     clock.now = 0.15
-    assert syncer.next_tick_in() == 0.02  # 50 ms away, beyond the idle period
+    assert syncer.next_tick_in() == pytest.approx(0.05)  # 50 ms away, within the idle period
     clock.now = 0.19
     assert syncer.next_tick_in() == pytest.approx(0.01)
     clock.now = 0.21
     assert syncer.next_tick_in() == 0.0  # overdue: tick at once
     syncer.tick()
-    assert syncer.book.is_open(0) and syncer.next_tick_in() == 0.02  # the next round is 0.19 s away
+    assert syncer.book.is_open(0) and syncer.next_tick_in() == IDLE_TICK_S  # the next round is 0.19 s away
     # Quorum (1) from learner 0 starts a grace window of 0.5 * 1 * 0.1 s = 50 ms: it ends at 0.26 s.
     syncer.push(push(0, 0, np.ones(plan.size(0)), seq=0))
     clock.now = 0.25
     assert syncer.next_tick_in() == pytest.approx(0.01)
     syncer.push(push(1, 0, np.ones(plan.size(0)), seq=0))  # every healthy learner answered: close now
     assert syncer.next_tick_in() == 0.0 and syncer.tick() == 1
-    assert syncer.next_tick_in() == 0.02
+    assert syncer.next_tick_in() == IDLE_TICK_S
 
 
 def test_a_round_due_soon_opens_with_a_close_and_its_requests_follow_the_merged_fragment():

@@ -34,8 +34,10 @@ EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
 
 Deliver = Callable[[int, MergedFragment | FragmentRequest], int]  # (learner, message) -> bytes sent
 
-# Longest a syncer waits between two ticks when no deadline is nearer (`next_tick_in`).
-IDLE_TICK_S = 0.02
+# Longest a syncer waits between two ticks when no deadline is nearer (`next_tick_in`): what it
+# notices only then (a learner's heartbeats or steps stopping, after seconds) waits at most this
+# much more. Every wake costs the cores the learners train on.
+IDLE_TICK_S = 0.1
 
 # A round due within this share of the rounds' spacing when another closes opens with the close.
 # A request that arrives early makes a learner push that fragment at most a step sooner; one that

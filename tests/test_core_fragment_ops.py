@@ -1,5 +1,6 @@
 """The learner's device functions against the host code they replace: what `extract` sends is the
-host codec's encoding of anchor - theta, and `swap` writes one fragment and nothing else."""
+host codec's encoding of anchor - theta, and `swap` writes one fragment and nothing else, in either
+layout of the fragments (a learner on CPU uses windows)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragment_ops import FragmentOps
-from dlc.core.fragments import FragmentPlan, shapes_of
+from dlc.core.fragments import FragmentPlan, Piece, shapes_of
 from dlc.core.model import build_model, flatten_params
 from tests.helpers import TINY
 
@@ -33,10 +34,11 @@ def host_anchor(flat, plan, rng):
     return [plan.gather(flat, p) + rng.normal(0, 1e-2, plan.size(p)).astype(np.float32) for p in range(7)]
 
 
+@pytest.mark.parametrize("layout", ["windows", "concat"])
 @pytest.mark.parametrize("codec", ["none", "bf16", "int8", "int4"])
-def test_extract_sends_the_host_codecs_encoding_of_anchor_minus_theta(model, codec):
+def test_extract_sends_the_host_codecs_encoding_of_anchor_minus_theta(model, codec, layout):
     params, flat, plan = model
-    ops = FragmentOps(plan, params, codec, BLOCK)
+    ops = FragmentOps(plan, params, codec, BLOCK, layout=layout)
     host = get_codec(codec, BLOCK)
     anchors = host_anchor(flat, plan, np.random.default_rng(0))
     for p in range(plan.num_fragments):
@@ -60,9 +62,10 @@ def test_extract_sends_the_host_codecs_encoding_of_anchor_minus_theta(model, cod
             np.testing.assert_array_equal(sent.payload, expected.payload)
 
 
-def test_swap_writes_one_fragment_in_each_adoption_mode(model):
+@pytest.mark.parametrize("layout", ["windows", "concat"])
+def test_swap_writes_one_fragment_in_each_adoption_mode(model, layout):
     params, flat, plan = model
-    ops = FragmentOps(plan, params, "int4", BLOCK)
+    ops = FragmentOps(plan, params, "int4", BLOCK, layout=layout)
     rng = np.random.default_rng(1)
     p = 3
     value = rng.normal(size=plan.size(p)).astype(np.float32)
@@ -76,3 +79,34 @@ def test_swap_writes_one_fragment_in_each_adoption_mode(model):
             if q != p:
                 np.testing.assert_array_equal(plan.gather(out, q), plan.gather(flat, q))
         assert {k: v.dtype for k, v in out.items()} == {k: v.dtype for k, v in flat.items()}
+
+
+def test_a_cpu_learner_reads_and_writes_windows(model):
+    params, _, plan = model
+    assert FragmentOps(plan, params, "int4", BLOCK).layout == "windows"
+
+
+def test_windows_serve_a_fragment_holding_two_pieces_of_one_tensor(model):
+    params, flat, _ = model
+    # Fragment 0: the embedding's first 10 rows and its last 56 (a window that must end at the
+    # tensor's end); fragment 1: the rows between and every other tensor.
+    shapes = tuple(sorted(shapes_of(flat).items()))
+    rows = dict(shapes)["embed/embedding"][0]
+    others = tuple(Piece(name, 0, shape[0] if shape else 1) for name, shape in shapes if name != "embed/embedding")
+    plan = FragmentPlan(
+        shapes,
+        (
+            (Piece("embed/embedding", 0, 10), Piece("embed/embedding", 200, rows)),
+            (Piece("embed/embedding", 10, 200), *others),
+        ),
+    )
+    ops = FragmentOps(plan, params, "none", BLOCK, layout="windows")
+    rng = np.random.default_rng(2)
+    for p in range(2):
+        _, _, theta_M = ops.push(params, p, ops.to_device(p, np.zeros(plan.size(p), np.float32)))
+        np.testing.assert_array_equal(ops.to_host(p, theta_M), plan.gather(flat, p))
+        value = rng.normal(size=plan.size(p)).astype(np.float32)
+        current = jax.tree_util.tree_map(lambda x: x.copy(), params)
+        out = flatten_params(ops.write(current, p, ops.to_device(p, value)))
+        np.testing.assert_array_equal(plan.gather(out, p), value)
+        np.testing.assert_array_equal(plan.gather(out, 1 - p), plan.gather(flat, 1 - p))

@@ -157,11 +157,12 @@ def start_backend(
 ) -> dict[str, str]:
     """Start JAX's backend in this process and check it is on `platform` (gpu or cpu).
 
-    Returns the platform, the device kind, their label and how the allocator keeps memory. Raises BackendError with the
-    backend's own first line and the fix (naming `share_field`, the recipe field that asked for the
-    GPU) when JAX fails to start, or starts elsewhere: JAX falls back to CPU when no GPU plugin
-    is installed. On CPU, `cpu_threads` is how many threads XLA computes with (None: XLA's own, one per CPU).
-    With `keep_memory` the process's allocator keeps what it frees from here on (`keep_freed_memory`).
+    Returns the platform, the device kind, their label and what the allocator does with freed
+    memory (`allocator`). Raises BackendError with the backend's own first line and the fix
+    (naming `share_field`, the recipe field that asked for the GPU) when JAX fails to start, or
+    starts elsewhere: JAX falls back to CPU when no GPU plugin is installed. On CPU,
+    `cpu_threads` is how many threads XLA computes with (None: XLA's own, one per CPU). With
+    `keep_memory` the process's allocator keeps what it frees from here on (`keep_freed_memory`).
     """
     import jax
 

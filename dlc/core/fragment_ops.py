@@ -26,7 +26,7 @@ compiled more than once, whatever fragment it gets. Two layouts of that table:
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +69,34 @@ def encode_on_device(codec: str, block_size: int, x_M: jax.Array) -> tuple[jax.A
     return nibbles[0::2] | (nibbles[1::2] << 4), scales
 
 
+class _Leaves(NamedTuple):
+    """A parameter tree's leaves, in `jax.tree_util.tree_leaves` order, as both layouts see them."""
+
+    index: dict[str, int]  # "a/b/c" name -> position
+    sizes: list[int]
+    shapes: list[tuple[int, ...]]
+    dtypes: list[Any]
+    treedef: Any
+
+    @classmethod
+    def of(cls, like: Params) -> _Leaves:
+        leaves = jax.tree_util.tree_leaves(like)
+        return cls(
+            {name: i for i, name in enumerate(leaf_names(like))},
+            [int(np.prod(np.shape(x))) for x in leaves],
+            [np.shape(x) for x in leaves],
+            [jnp.asarray(x).dtype for x in leaves],
+            jax.tree_util.tree_structure(like),
+        )
+
+    def tree(self, flats: list[jax.Array]) -> Params:
+        """The tree of these leaves from their flat values, in their shapes and dtypes."""
+        leaves = [
+            f.reshape(shape).astype(dtype) for f, shape, dtype in zip(flats, self.shapes, self.dtypes, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+
 def _windowed(
     plan: FragmentPlan, like: Params, M: int, codec: str, block_size: int
 ) -> tuple[list[np.ndarray], Any, Any]:
@@ -78,32 +106,26 @@ def _windowed(
     piece in any fragment. Row k of p's table gives where p's piece starts in the leaf, where in
     the fragment's vector, and its length (0: p has none).
     """
-    leaves = jax.tree_util.tree_leaves(like)
-    sizes = [int(np.prod(np.shape(x))) for x in leaves]
-    leaf_of, shape_of = {name: i for i, name in enumerate(leaf_names(like))}, dict(plan.shapes)
+    leaves = _Leaves.of(like)
     pieces: list[dict[tuple[int, int], tuple[int, int, int]]] = []  # per fragment: slot -> piece
     for p in range(plan.num_fragments):
-        mine, seen, at = {}, [0] * len(leaves), 0
-        for name, start, stop in plan.pieces(p):
-            i, row = leaf_of[name], int(np.prod(shape_of[name][1:]))
-            mine[(i, seen[i])] = (start * row, at, (stop - start) * row)
+        mine, seen = {}, [0] * len(leaves.sizes)
+        for span in plan.spans(p):
+            i = leaves.index[span.name]
+            mine[(i, seen[i])] = (span.start, span.offset, span.length)
             seen[i] += 1
-            at += (stop - start) * row
         pieces.append(mine)
     slots = sorted({slot for mine in pieces for slot in mine})
     widths = [max(mine[slot][2] for mine in pieces if slot in mine) for slot in slots]
     tables = [np.array([mine.get(slot, (0, 0, 0)) for slot in slots], np.int32) for mine in pieces]
     pad = max(widths)  # the fragment vectors' margin: no window reaches past it
-    treedef = jax.tree_util.tree_structure(like)
-    shapes = [np.shape(x) for x in leaves]
-    dtypes = [jnp.asarray(x).dtype for x in leaves]
 
     def windows(table: jax.Array) -> Any:
         """Per slot: its leaf and width, the window's start in the leaf, where the window's values
         sit in a fragment vector padded by `pad` on both sides, and which of them are the piece's."""
         for k, ((i, _), width) in enumerate(zip(slots, widths, strict=True)):
             start, at, length = table[k, 0], table[k, 1], table[k, 2]
-            begin = jnp.minimum(start, sizes[i] - width)  # the window ends inside the leaf
+            begin = jnp.minimum(start, leaves.sizes[i] - width)  # the window ends inside the leaf
             offset = start - begin
             io = jnp.arange(width)
             yield i, width, begin, at - offset + pad, (io >= offset) & (io < offset + length)
@@ -128,10 +150,9 @@ def _windowed(
         for i, width, begin, at, mine in windows(table):
             old = jax.lax.dynamic_slice(flats[i], (begin,), (width,)).astype(jnp.float32)
             v, r = jax.lax.dynamic_slice(value, (at,), (width,)), jax.lax.dynamic_slice(ref, (at,), (width,))
-            new = jnp.where(mine, v + a * old - b * r, old).astype(dtypes[i])
+            new = jnp.where(mine, v + a * old - b * r, old).astype(leaves.dtypes[i])
             flats[i] = jax.lax.dynamic_update_slice(flats[i], new, (begin,))
-        leaves = [f.reshape(shape) for f, shape in zip(flats, shapes, strict=True)]
-        return jax.tree_util.tree_unflatten(treedef, leaves)
+        return leaves.tree(flats)
 
     return tables, extract, swap
 
@@ -141,26 +162,20 @@ def _concatenated(
 ) -> tuple[list[np.ndarray], Any, Any]:
     """Per-fragment index vectors into the concatenation of every parameter (padding points one
     past the end: gathered as zero, never written) and the two functions, which concatenate."""
-    names = leaf_names(like)
-    leaves = jax.tree_util.tree_leaves(like)
-    sizes = [int(np.prod(np.shape(x))) for x in leaves]
-    offsets = dict(zip(names, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
-    total, shape_of = sum(sizes), dict(plan.shapes)
+    leaves = _Leaves.of(like)
+    firsts = np.cumsum([0, *leaves.sizes[:-1]]).tolist()  # each leaf's first index in the concatenation
+    total = sum(leaves.sizes)
     indices = []
     for p in range(plan.num_fragments):
         parts = [np.zeros(0, np.int32)]
-        for name, start, stop in plan.pieces(p):
-            row = int(np.prod(shape_of[name][1:]))
-            begin = offsets[name] + start * row
-            parts.append(np.arange(begin, begin + (stop - start) * row, dtype=np.int32))
+        for span in plan.spans(p):
+            begin = firsts[leaves.index[span.name]] + span.start
+            parts.append(np.arange(begin, begin + span.length, dtype=np.int32))
         flat = np.concatenate(parts)
         index = np.full(M, total, dtype=np.int32)
         index[: flat.size] = flat
         indices.append(index)
-    treedef = jax.tree_util.tree_structure(like)
-    shapes = [np.shape(x) for x in leaves]
-    dtypes = [jnp.asarray(x).dtype for x in leaves]
-    cuts = np.cumsum(sizes)[:-1].tolist()
+    cuts = np.cumsum(leaves.sizes)[:-1].tolist()
 
     def concat(params: Params) -> jax.Array:
         return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in jax.tree_util.tree_leaves(params)])
@@ -176,9 +191,7 @@ def _concatenated(
         flat = concat(params)
         theta_M = flat.at[index_M].get(mode="fill", fill_value=0.0)
         flat = flat.at[index_M].set(value_M + a * theta_M - b * ref_M, mode="drop")
-        parts = jnp.split(flat, cuts)
-        leaves = [part.reshape(shape).astype(dtype) for part, shape, dtype in zip(parts, shapes, dtypes, strict=True)]
-        return jax.tree_util.tree_unflatten(treedef, leaves)
+        return leaves.tree(jnp.split(flat, cuts))
 
     return indices, extract, swap
 

@@ -42,6 +42,16 @@ class Segment(NamedTuple):
     length: int
 
 
+class Span(NamedTuple):
+    """Where one piece lies among its tensor's flat values (from `start`) and in the flat fragment
+    vector (from `offset`)."""
+
+    name: str
+    start: int
+    offset: int
+    length: int
+
+
 def _rows(shape: tuple[int, ...]) -> int:
     # A scalar is one row of one value.
     return shape[0] if shape else 1
@@ -145,12 +155,16 @@ class FragmentPlan:
 
     def segments(self, p: int) -> list[Segment]:
         """(name, offset, length) of each piece within fragment p's flat vector."""
-        out: list[Segment] = []
+        return [Segment(span.name, span.offset, span.length) for span in self.spans(p)]
+
+    def spans(self, p: int) -> list[Span]:
+        """Each piece of fragment p, in its tensor's flat values and in the fragment's flat vector."""
+        out: list[Span] = []
         offset = 0
         for name, start, stop in self.fragments[p]:
-            length = (stop - start) * _row_size(self._shape_of[name])
-            out.append(Segment(name, offset, length))
-            offset += length
+            row = _row_size(self._shape_of[name])
+            out.append(Span(name, start * row, offset, (stop - start) * row))
+            offset += (stop - start) * row
         return out
 
     def gather(self, params: Mapping[str, np.ndarray], p: int) -> np.ndarray:

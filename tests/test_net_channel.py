@@ -89,7 +89,7 @@ def test_a_frozen_learner_holds_up_neither_the_syncer_nor_the_other_learners(hub
     started = time.monotonic()
     for _ in range(64):  # 64 MiB: far more than the frozen learner's socket holds
         frozen_port.remote(big)
-    assert time.monotonic() - started < 1.0  # queued, never sent on the caller's thread
+    assert time.monotonic() - started < 1.0  # the caller never waits for the frozen reader
     port.remote("hello")
     assert healthy.take(1) == ["hello"]
     assert frozen_port.pending() > 0  # still stuck behind the frozen reader
@@ -113,6 +113,28 @@ def test_messages_larger_than_the_socket_takes_arrive_whole_and_in_order(hub):
         assert got == want if isinstance(want, int) else np.array_equal(got, want)
     port.remote("after")
     assert learner.take(1) == ["after"]
+
+
+class Counted:
+    """A message that counts how often it is pickled."""
+
+    pickled = 0
+
+    def __reduce__(self):
+        Counted.pickled += 1
+        return (Counted, ())
+
+
+def test_a_message_to_every_member_is_pickled_once(hub):
+    ports = [hub.open(i) for i in range(3)]
+    learners = [Learner(hub, i) for i in range(3)]
+    for port in ports:
+        until(lambda port=port: port.connected)
+    message = Counted()
+    for port in ports:
+        port.remote(message)
+    assert all(isinstance(got, Counted) for learner in learners for got in learner.take(1))
+    assert Counted.pickled == 1
 
 
 def test_a_connection_without_the_key_is_refused_and_nothing_it_sends_is_handled(hub):

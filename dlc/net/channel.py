@@ -17,7 +17,10 @@ Failures keep the semantics of fire-and-forget actor calls: a message to or from
 died is lost, never an error for the sender, and nobody waits on a frozen process. Each learner's
 messages from the syncer have a queue and a thread of their own (a frozen learner fills only its
 own socket), held until its process connects; a new member or a new incarnation gets a fresh
-queue. A learner whose connection breaks connects again (`Uplink.connected`); pushes the syncer
+queue. A message the learner's socket takes whole is written on the syncer's thread that sends it
+(a thread woken per message costs a busy core more than the write); the port's thread finishes
+one the socket does not take, and sends what queues behind it. A message going to every member
+is pickled once. A learner whose connection breaks connects again (`Uplink.connected`); pushes the syncer
 never acknowledged are re-sent by the learner's protocol, as after a syncer restart.
 """
 
@@ -27,6 +30,7 @@ import contextlib
 import itertools
 import os
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -38,6 +42,7 @@ from multiprocessing.connection import (
     answer_challenge,
     deliver_challenge,
 )
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 # Errors of a connection that closed, broke or was hung up on: the peer is gone.
@@ -82,48 +87,128 @@ def _hang_up(conn: Connection) -> None:
         pass
 
 
+Frame = list[memoryview]  # a message as `Connection.recv` reads it: a header, then the pickle
+
+
+def _frame(message: Any) -> Frame:
+    """`message` pickled and framed as `multiprocessing.connection.Connection.send` frames it."""
+    body = ForkingPickler.dumps(message)
+    n = len(body)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return [memoryview(header), memoryview(body)]
+
+
+def _after(frame: Frame, sent: int) -> Frame:
+    """What is left of `frame` once its first `sent` bytes are written."""
+    rest = []
+    for buf in frame:
+        if sent >= len(buf):
+            sent -= len(buf)
+        else:
+            rest.append(buf[sent:])
+            sent = 0
+    return rest
+
+
 class _Peer:
-    """One learner process's connection as the syncer holds it: whole messages, one writer at a time."""
+    """One learner process's connection as the syncer holds it: whole messages, one writer at a time.
+
+    A message either goes whole (`send`, waiting as long as the socket does) or begins without
+    waiting (`start`): then whatever the socket did not take is the connection's `rest`, which
+    must be written before anything else is.
+    """
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))  # for writes that must not wait
         self._lock = threading.Lock()
+        self.rest: Frame = []
         self.received = 0  # messages read from it (by its reader thread alone)
 
-    def send(self, message: Any) -> bool:
-        """False if the connection is gone (the message is lost, like a call to a dead actor)."""
+    def send(self, frame: Frame) -> bool:
+        """Write the rest of a message begun, then `frame` (nothing when empty); False if the
+        connection is gone (the message is lost, like a call to a dead actor)."""
         try:
             with self._lock:
-                self.conn.send(message)
+                self._write_all(self.rest)
+                self.rest = []
+                self._write_all(frame)
             return True
         except _GONE:
             return False
 
+    def start(self, frame: Frame) -> bool:
+        """Write what the socket takes of `frame` now, never waiting; the remainder becomes `rest`.
+
+        False when nothing was begun: another write holds the connection or a rest is pending.
+        OSError if the connection is gone.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.rest:
+                return False
+            try:
+                sent = self._sock.sendmsg(frame, [], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            self.rest = _after(frame, sent)
+            return True
+        finally:
+            self._lock.release()
+
+    def _write_all(self, frame: Frame) -> None:
+        while frame:
+            frame = _after(frame, self._sock.sendmsg(frame))
+
     def close(self) -> None:
         with self._lock:  # not under a send on another thread
             self.conn.close()
+            self._sock.close()
 
 
 class Port:
-    """The syncer's messages to one learner, in order, sent by a thread of their own.
+    """The syncer's messages to one learner, in order, never waiting on the caller's thread.
 
-    `remote(message)` queues and returns at once (the shape of a Ray method, so the transport can
-    hold it behind an emulated link). Messages wait until the learner's process connects; when its
-    connection breaks they wait for the next one, until the port is closed.
+    `remote(message)` returns at once (the shape of a Ray method, so the transport can hold it
+    behind an emulated link). The message is written on the caller's thread when the learner's
+    socket takes it whole; otherwise the port's own thread finishes it, waiting as long as the
+    learner takes to read, and sends what queued behind it. Messages wait until the learner's
+    process connects; when its connection breaks they wait for the next one, until the port is
+    closed.
     """
 
-    def __init__(self, learner: int) -> None:
+    def __init__(self, learner: int, frame: Callable[[Any], Frame] = _frame) -> None:
         self.learner = learner
-        self._queue: deque[Any] = deque()
+        self._frame = frame
+        self._queue: deque[Frame] = deque()
         self._cond = threading.Condition()
         self._peer: _Peer | None = None
+        self._writing = False  # a thread is writing one of this port's messages
         self._closed = False
         threading.Thread(target=self._run, name=f"port-{learner}", daemon=True).start()
 
     def remote(self, message: Any) -> None:
+        frame = self._frame(message)
         with self._cond:
-            if not self._closed:
-                self._queue.append(message)
+            if self._closed:
+                return
+            peer = self._peer
+            if peer is None or self._writing or self._queue:
+                self._queue.append(frame)
+                self._cond.notify()
+                return
+            self._writing = True
+        try:
+            begun = peer.start(frame)
+        except _GONE:  # lost; the next messages wait for a new connection
+            begun = True
+            self.detach(peer)
+        with self._cond:
+            self._writing = False
+            if not begun:
+                self._queue.appendleft(frame)
+            if self._queue or peer.rest:  # the port's thread finishes what the socket did not take
                 self._cond.notify()
 
     def attach(self, peer: _Peer) -> None:
@@ -160,12 +245,18 @@ class Port:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (self._peer is None or not self._queue):
+                while not self._closed and (
+                    self._peer is None or self._writing or not (self._queue or self._peer.rest)
+                ):
                     self._cond.wait()
                 if self._closed:
                     return
-                peer, message = self._peer, self._queue.popleft()
-            if not peer.send(message):  # lost; the next messages wait for a new connection
+                peer, frame = self._peer, self._queue.popleft() if self._queue else []
+                self._writing = True
+            sent = peer.send(frame)  # the rest of a message begun on a caller's thread first
+            with self._cond:
+                self._writing = False
+            if not sent:  # lost; the next messages wait for a new connection
                 self.detach(peer)
 
 
@@ -187,17 +278,27 @@ class Hub:
         self._ports: dict[int, Port] = {}
         self._peers: set[_Peer] = set()
         self._received_before = 0  # messages read from connections since ended
+        self._last: tuple[Any, Frame] | None = None  # the last message framed, and its frame
         self._closed = False
         threading.Thread(target=self._accept, name="channel-accept", daemon=True).start()
 
     def open(self, learner: int) -> Port:
         """A fresh port for `learner` (a new member, or a new incarnation): the old one is closed."""
-        port = Port(learner)
+        port = Port(learner, self._frame)
         with self._lock:
             old, self._ports[learner] = self._ports.get(learner), port
         if old is not None:
             old.close()
         return port
+
+    def _frame(self, message: Any) -> Frame:
+        """`message` framed, once for all the ports it goes to (a merged fragment goes to every member)."""
+        last = self._last
+        if last is not None and last[0] is message:
+            return last[1]
+        frame = _frame(message)
+        self._last = (message, frame)
+        return frame
 
     @property
     def received(self) -> int:
@@ -258,7 +359,7 @@ class Hub:
                 message = conn.recv()
                 peer.received += 1
                 if isinstance(message, Barrier):  # everything sent before it has been handled
-                    peer.send(message)
+                    peer.send(_frame(message))
                 else:
                     self._handle(message)
         except _GONE:

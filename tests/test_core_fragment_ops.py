@@ -110,3 +110,25 @@ def test_windows_serve_a_fragment_holding_two_pieces_of_one_tensor(model):
         out = flatten_params(ops.write(current, p, ops.to_device(p, value)))
         np.testing.assert_array_equal(plan.gather(out, p), value)
         np.testing.assert_array_equal(plan.gather(out, 1 - p), plan.gather(flat, 1 - p))
+
+
+def test_on_cpu_vectors_stay_on_the_host_and_serve_as_a_device_vector_does(model):
+    params, flat, plan = model
+    ops = FragmentOps(plan, params, "int4", BLOCK)
+    p = 2
+    value = np.random.default_rng(3).normal(size=plan.size(p)).astype(np.float32)
+    staged = ops.to_device(p, value)
+    assert isinstance(staged, np.ndarray) and staged.shape == (ops.M,)  # no device_put on the receiving thread
+    assert ops.staged(p, staged) is staged and ops.staged(p, ops.put(staged)) is not staged
+    np.testing.assert_array_equal(ops.staged(p, value), staged)  # a host vector is padded on the way
+    outs = []
+    for vector in (staged, ops.put(staged)):
+        current = jax.tree_util.tree_map(lambda x: x.copy(), params)
+        outs.append(flatten_params(ops.write(current, p, vector)))
+        payload, scales, _ = ops.push(params, p, vector)
+        outs.append(ops.encoded(p, payload, scales).payload)
+    for host_side, device_side in zip(outs[:2], outs[2:], strict=True):
+        jax.tree_util.tree_map(np.testing.assert_array_equal, host_side, device_side)
+    np.testing.assert_array_equal(plan.gather(outs[0], p), value)
+    with pytest.raises(ValueError, match="not 5"):
+        ops.to_device(p, np.zeros(5, np.float32))

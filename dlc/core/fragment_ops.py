@@ -223,6 +223,7 @@ class FragmentOps:
         quantum = block_size if codec in ("int4", "int8") else 2
         self.M = -(-max(self.sizes) // quantum) * quantum
         self.layout = layout or ("windows" if self.device.platform == "cpu" else "concat")
+        self.on_host = self.device.platform == "cpu"  # vectors stay on the host: `to_device`
         tables, extract, swap = LAYOUTS[self.layout](plan, like, self.M, codec, block_size)
         self.tables = [self.put(table) for table in tables]  # each fragment's argument to both
         self.extract = jax.jit(extract)
@@ -248,14 +249,32 @@ class FragmentOps:
         return jax.device_put(x, self.device)
 
     def pad(self, p: int, vector: np.ndarray) -> np.ndarray:
-        """Fragment p's flat float32 vector, zero-padded to M."""
+        """Fragment p's flat float32 vector, zero-padded to M (a copy; one already padded is copied)."""
+        flat = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if flat.size not in (self.sizes[p], self.M):
+            raise ValueError(f"fragment {p} has {self.sizes[p]} values (padded {self.M}), not {flat.size}")
         out = np.zeros(self.M, np.float32)
-        out[: self.sizes[p]] = np.asarray(vector, dtype=np.float32).reshape(-1)
+        out[: flat.size] = flat
         return out
 
-    def to_device(self, p: int, vector: np.ndarray) -> jax.Array:
-        """Fragment p's host vector, padded, on the device; `device_put` returns before it lands."""
-        return self.put(self.pad(p, vector))
+    def to_device(self, p: int, vector: np.ndarray) -> jax.Array | np.ndarray:
+        """Fragment p's host vector, padded, ready to pass to both functions.
+
+        On a GPU it goes to the device now, from the thread that calls this (`device_put` returns
+        before it lands). On CPU the device's memory is the host's: the padded vector itself is
+        passed, and the functions' call copies it in, in C++, for a few microseconds, where
+        `device_put` costs tens of microseconds of Python (`bench/RESULTS.md`).
+        """
+        padded = self.pad(p, vector)
+        return padded if self.on_host else self.put(padded)
+
+    def staged(self, p: int, vector: jax.Array | np.ndarray) -> jax.Array | np.ndarray:
+        """`vector` as the functions take it: itself if `to_device` made it, else through `to_device`."""
+        if isinstance(vector, jax.Array):
+            return vector
+        if self.on_host and vector.dtype == np.float32 and vector.shape == (self.M,):
+            return vector
+        return self.to_device(p, vector)
 
     def to_host(self, p: int, vector_M: jax.Array) -> np.ndarray:
         """Fragment p's values of a padded device vector, on the host (waits for it)."""

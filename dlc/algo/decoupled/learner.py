@@ -11,8 +11,8 @@ p this learner holds, in version order, as they arrive.
 
 The step loop never waits for the device or the network (`dlc.core.fragment_ops`): a push is one
 jitted extraction dispatched after the step, whose result a sender thread copies to the host and
-sends; a merged fragment is decoded and put on the device by the thread that receives it, and
-swapped in at a step boundary by one jitted, donating write. With `background=False` (the
+sends; a merged fragment is decoded, padded and (on a GPU) put on the device by the thread that
+receives it, and swapped in at a step boundary by one jitted, donating write. With `background=False` (the
 in-process twin, tests) the same work happens inline, in order.
 """
 
@@ -47,11 +47,11 @@ class SentRecord:
 
 @dataclass(frozen=True)
 class Arrived:
-    """A merged fragment made known by a delivery, already on the device."""
+    """A merged fragment made known by a delivery, ready for the write (`FragmentOps.to_device`)."""
 
     fragment: int
     version: int
-    value: jax.Array  # padded to the ops' length
+    value: jax.Array | np.ndarray  # padded to the ops' length
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DecoupledLearnerSync:
         self.tau = cfg.overlap_steps
         self.adopt_mode, self.mix_alpha = cfg.adopt, cfg.mix_alpha
         P = plan.num_fragments
-        self.anchors = [self.ops.to_device(p, self.gather(p)) for p in range(P)]  # padded, on the device
+        self.anchors = [self.ops.to_device(p, self.gather(p)) for p in range(P)]  # padded (`to_device`)
         self.versions = [0] * P
         self.steps_since = [0] * P
         self.tokens_since = [0] * P
@@ -98,7 +98,7 @@ class DecoupledLearnerSync:
         self.incarnation = 0
         self.sent: dict[int, SentRecord] = {}
         self.inbox: queue.SimpleQueue[Arrived | FragmentRequest] = queue.SimpleQueue()
-        self.waiting: dict[int, tuple[int, jax.Array]] = {}  # fragment -> (version, value) to adopt
+        self.waiting: dict[int, tuple[int, jax.Array | np.ndarray]] = {}  # fragment -> (version, value) to adopt
         # The newest global value of each fragment received (version, host value), whatever was
         # adopted: the base of a difference sent down. None: not known (after a copy from a peer).
         # Guarded by _lock, with `parked` and `unacked`: deliveries come from another thread.
@@ -202,8 +202,8 @@ class DecoupledLearnerSync:
     def receive(self, msg: MergedFragment | FragmentRequest) -> None:
         """Called from another thread when the syncer asks for a fragment or delivers a merged one.
 
-        A merged fragment is acknowledged, resolved against what is held, decoded and put on the
-        device here, so the loop only swaps it in.
+        A merged fragment is acknowledged, resolved against what is held, decoded and staged for
+        the write here (`FragmentOps.to_device`), so the loop only swaps it in.
         """
         if isinstance(msg, FragmentRequest):
             self.inbox.put(msg)
@@ -273,10 +273,9 @@ class DecoupledLearnerSync:
         return out
 
     def adopt(self, p: int, version: int, global_p: jax.Array | np.ndarray) -> None:
-        """Take `global_p`, fragment p's global value at `version` (padded on the device, or a host
-        vector), as parameters (by the adopt mode) and as the new anchor."""
-        if isinstance(global_p, np.ndarray):
-            global_p = self.ops.to_device(p, global_p)
+        """Take `global_p`, fragment p's global value at `version` (as `FragmentOps.to_device` gives
+        it, or a host vector), as parameters (by the adopt mode) and as the new anchor."""
+        global_p = self.ops.staged(p, global_p)
         sent = self.sent.get(p)
         params = self.learner.params
         if self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import socket
+import threading
 import time
 from multiprocessing.connection import AuthenticationError, Client
 
@@ -135,6 +136,27 @@ def test_a_message_to_every_member_is_pickled_once(hub):
         port.remote(message)
     assert all(isinstance(got, Counted) for learner in learners for got in learner.take(1))
     assert Counted.pickled == 1
+
+
+def test_messages_sent_in_a_batch_leave_together_when_it_ends(hub):
+    ports = [hub.open(0), hub.open(1)]
+    learners = [Learner(hub, 0), Learner(hub, 1)]
+    for port in ports:
+        until(lambda port=port: port.connected)
+    with hub.batch():
+        ports[0].remote("merged")
+        ports[1].remote("merged")
+        ports[0].remote("request")
+        with hub.batch():  # nested: the outer batch sends it
+            ports[1].remote("request")
+        other = threading.Thread(target=ports[1].remote, args=("from another thread",))
+        other.start()
+        other.join()
+        assert learners[1].take(1) == ["from another thread"]  # not held by this thread's batch
+        time.sleep(0.1)
+        assert learners[0].got.empty() and learners[1].got.empty()
+    assert learners[0].take(2) == ["merged", "request"]
+    assert learners[1].take(2) == ["merged", "request"]
 
 
 def test_a_connection_without_the_key_is_refused_and_nothing_it_sends_is_handled(hub):

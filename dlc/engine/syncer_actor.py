@@ -8,6 +8,7 @@ resumes from its last checkpoint plus the journal: the state at the moment of de
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -68,8 +69,12 @@ class SyncerWorker:
         self._last_save = time.monotonic()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
+        # Messages to learners leave once the syncer is done with what caused them, each learner's
+        # in one write (`Hub.batch`): a merged fragment with the requests of the round it opens.
+        self.batch: Any = contextlib.nullcontext
         if self.recipe.syncer.channel == "direct":  # learners connect to it: on this node's address
             self.hub = Hub(node["ip"], self._on_message)
+            self.batch = self.hub.batch
 
     def storage_check(self) -> str | None:
         """Why the syncer cannot use the run's storage, or None."""
@@ -147,7 +152,7 @@ class SyncerWorker:
     def register(self, index: int, handle: Any, holds_initial: bool = True) -> None:
         """A learner takes part; `holds_initial`: its fragments still at version 0 are the initial
         parameters (False after a syncer restart: it may have copied a peer since)."""
-        with self.lock:
+        with self.lock, self.batch():
             self.learners[index] = handle
             if self.hub is not None:
                 self.hub.open(index)
@@ -155,7 +160,7 @@ class SyncerWorker:
 
     def rejoin(self, index: int, handle: Any) -> None:
         """A restarted learner: a new incarnation of `index` whose seqs start again."""
-        with self.lock:
+        with self.lock, self.batch():
             self.learners[index] = handle
             if self.hub is not None:
                 self.hub.open(index)  # what was queued for the dead process is dropped
@@ -172,7 +177,7 @@ class SyncerWorker:
     @ray.method(concurrency_group="pushes", num_returns=0)
     def push(self, push: Any) -> None:
         try:
-            with self.lock:
+            with self.lock, self.batch():
                 self.syncer.push(push)
                 self.syncer.tick()
                 if time.monotonic() + self.syncer.next_tick_in() < self._tick_at:
@@ -197,7 +202,7 @@ class SyncerWorker:
                 self._wake.clear()
                 if self._stop.is_set():
                     return
-                with self.lock:
+                with self.lock, self.batch():
                     self.syncer.tick()
                     # At least a millisecond: a deadline a tick could not act on never spins the thread.
                     wait = max(self.syncer.next_tick_in(), 0.001)
@@ -255,7 +260,7 @@ class SyncerWorker:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
-        with self.lock:
+        with self.lock, self.batch():
             self.syncer.flush()
         self.save()
         return self.poll()

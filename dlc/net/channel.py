@@ -34,7 +34,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import (
     AuthenticationError,
@@ -178,9 +178,9 @@ class Port:
     closed.
     """
 
-    def __init__(self, learner: int, frame: Callable[[Any], Frame] = _frame) -> None:
+    def __init__(self, learner: int, hub: Hub) -> None:
         self.learner = learner
-        self._frame = frame
+        self._hub = hub
         self._queue: deque[Frame] = deque()
         self._cond = threading.Condition()
         self._peer: _Peer | None = None
@@ -189,7 +189,15 @@ class Port:
         threading.Thread(target=self._run, name=f"port-{learner}", daemon=True).start()
 
     def remote(self, message: Any) -> None:
-        frame = self._frame(message)
+        frame = self._hub.frame(message)
+        batch = self._hub.batch_of_this_thread()
+        if batch is not None:  # it leaves with the batch (`Hub.batch`)
+            batch.setdefault(self, []).extend(frame)
+        else:
+            self.write(frame)
+
+    def write(self, frame: Frame) -> None:
+        """Write `frame` (one message or several) now if the socket takes it, else queue it."""
         with self._cond:
             if self._closed:
                 return
@@ -279,19 +287,20 @@ class Hub:
         self._peers: set[_Peer] = set()
         self._received_before = 0  # messages read from connections since ended
         self._last: tuple[Any, Frame] | None = None  # the last message framed, and its frame
+        self._batches = threading.local()  # per thread: None, or each port's frames (`batch`)
         self._closed = False
         threading.Thread(target=self._accept, name="channel-accept", daemon=True).start()
 
     def open(self, learner: int) -> Port:
         """A fresh port for `learner` (a new member, or a new incarnation): the old one is closed."""
-        port = Port(learner, self._frame)
+        port = Port(learner, self)
         with self._lock:
             old, self._ports[learner] = self._ports.get(learner), port
         if old is not None:
             old.close()
         return port
 
-    def _frame(self, message: Any) -> Frame:
+    def frame(self, message: Any) -> Frame:
         """`message` framed, once for all the ports it goes to (a merged fragment goes to every member)."""
         last = self._last
         if last is not None and last[0] is message:
@@ -299,6 +308,25 @@ class Hub:
         frame = _frame(message)
         self._last = (message, frame)
         return frame
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Messages this thread sends meanwhile leave together when it ends, each port's in one
+        write: a merged fragment and the next round's request then reach a learner in one read,
+        with one wake of its receiving thread. Batches nest (the outermost sends)."""
+        if self.batch_of_this_thread() is not None:
+            yield
+            return
+        self._batches.ports = {}
+        try:
+            yield
+        finally:
+            ports, self._batches.ports = self._batches.ports, None
+            for port, frame in ports.items():
+                port.write(frame)
+
+    def batch_of_this_thread(self) -> dict[Port, Frame] | None:
+        return getattr(self._batches, "ports", None)
 
     @property
     def received(self) -> int:

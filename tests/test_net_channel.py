@@ -157,6 +157,10 @@ def test_messages_sent_in_a_batch_leave_together_when_it_ends(hub):
         assert learners[0].got.empty() and learners[1].got.empty()
     assert learners[0].take(2) == ["merged", "request"]
     assert learners[1].take(2) == ["merged", "request"]
+    with hub.batch():  # more messages than one write takes buffers (a join sends every fragment)
+        for i in range(1500):
+            ports[0].remote(i)
+    assert learners[0].take(1500) == list(range(1500))
 
 
 def test_a_connection_without_the_key_is_refused_and_nothing_it_sends_is_handled(hub):

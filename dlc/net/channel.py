@@ -88,6 +88,8 @@ def _hang_up(conn: Connection) -> None:
 
 
 Frame = list[memoryview]  # a message as `Connection.recv` reads it: a header, then the pickle
+# The most buffers one sendmsg takes (a batch of many messages is written in several calls).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _frame(message: Any) -> Frame:
@@ -149,7 +151,7 @@ class _Peer:
             if self.rest:
                 return False
             try:
-                sent = self._sock.sendmsg(frame, [], socket.MSG_DONTWAIT)
+                sent = self._sock.sendmsg(frame[:_IOV_MAX], [], socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
             except BlockingIOError:
                 sent = 0
             self.rest = _after(frame, sent)
@@ -159,7 +161,7 @@ class _Peer:
 
     def _write_all(self, frame: Frame) -> None:
         while frame:
-            frame = _after(frame, self._sock.sendmsg(frame))
+            frame = _after(frame, self._sock.sendmsg(frame[:_IOV_MAX], [], socket.MSG_NOSIGNAL))
 
     def close(self) -> None:
         with self._lock:  # not under a send on another thread

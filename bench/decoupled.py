@@ -9,7 +9,8 @@ Measures, with M learners sharing the machine:
      per-learner tokens/s (compile time excluded); each `--vs key=value` adds a run of decoupled
      with that override to every repeat (`--vs syncer.channel=ray`: the learners' messages as Ray
      actor calls), reported against the same `none` runs, with the standard error of the
-     per-repeat ratios;
+     per-repeat ratios; and the same ratio over only the seconds in which every learner of the run
+     trains (from its train records), which the start-up and the end of a short run do not tilt;
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
@@ -18,6 +19,7 @@ Prints a Markdown table and appends it, with the command, date and machine, to b
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -37,6 +39,32 @@ def train(recipe: str, run_dir: Path, *overrides: str) -> dict:
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def all_training_rate(run_dir: Path, steps: int) -> float:
+    """Tokens/s per learner while every learner trains: from the last learner's step steps/5 to the
+    first learner's step 9*steps/10, read from the runs' train records (linear between records).
+    The steady rates of the summary start at each learner's own first step, so they also count
+    the seconds in which others were still starting or had finished, when it had more of the
+    machine to itself."""
+    records: dict[int, list[tuple[float, int, int]]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("kind") == "train":
+            records.setdefault(r["learner"], []).append((r["t"], r["step"], r["tokens"]))
+    series = [sorted(v, key=lambda x: x[1]) for v in records.values()]
+    lo = max(next(t for t, s, _ in v if s >= steps // 5) for v in series)
+    hi = min(max(t for t, s, _ in v if s <= steps * 9 // 10) for v in series)
+
+    def tokens_at(v: list[tuple[float, int, int]], t: float) -> float:
+        for (t0, _, n0), (t1, _, n1) in itertools.pairwise(v):
+            if t0 <= t <= t1:
+                return n0 + (n1 - n0) * (t - t0) / (t1 - t0)
+        raise ValueError(f"no train record around t={t}")
+
+    if hi <= lo:
+        raise SystemExit(f"{run_dir}: no time in which every learner trained; raise --steps")
+    return statistics.mean((tokens_at(v, hi) - tokens_at(v, lo)) / (hi - lo) for v in series)
 
 
 def spread(ratios: list[float]) -> str:
@@ -62,19 +90,31 @@ def main() -> None:
     )
     args = ap.parse_args()
     M, S = args.learners, args.steps
-    common = [*args.set, f"learners.count={M}", f"run.max_steps={S}", f"eval.every_steps={10 * S}"]
+    common = [
+        *args.set,
+        f"learners.count={M}",
+        f"run.max_steps={S}",
+        f"eval.every_steps={10 * S}",
+        f"run.log_every_steps={max(1, S // 30)}",
+    ]
     arms = {"none": ["algorithm=none"], "decoupled": ["algorithm=decoupled"]}
     arms.update({f"decoupled, {kv}": ["algorithm=decoupled", kv] for kv in args.vs})
     rates: dict[str, list[float]] = {name: [] for name in arms}
+    together: dict[str, list[float]] = {name: [] for name in arms}  # while every learner trains
     decoupled: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for k, name in enumerate(list(arms) if rep % 2 == 0 else list(arms)[::-1]):
                 summary = train(args.recipe, Path(tmp) / f"{rep}-{k}", *common, *arms[name])
                 rates[name].append(statistics.mean(x["steady_tokens_per_s"] for x in summary["learners"]))
+                together[name].append(all_training_rate(Path(tmp) / f"{rep}-{k}", S))
                 if name == "decoupled":
                     decoupled.append(summary)
-                print(f"{name} run {rep}: {rates[name][-1]:.0f} tok/s per learner", file=sys.stderr)
+                print(
+                    f"{name} run {rep}: {rates[name][-1]:.0f} tok/s per learner, "
+                    f"{together[name][-1]:.0f} while every learner trains",
+                    file=sys.stderr,
+                )
         single = train(
             args.recipe,
             Path(tmp) / "single",
@@ -92,6 +132,9 @@ def main() -> None:
     bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
     bpb_m = statistics.mean(x["eval_bpb_final"] for x in decoupled)
     per_repeat = {name: [d / n for d, n in zip(rates[name], rates["none"], strict=True)] for name in arms}
+    per_repeat_together = {
+        name: [d / n for d, n in zip(together[name], together["none"], strict=True)] for name in arms
+    }
     lines = [
         f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
         "",
@@ -112,6 +155,17 @@ def main() -> None:
             + " (per repeat: "
             + ", ".join(f"{r:.3f}" for r in per_repeat[name])
             + f"; {statistics.mean(rates[name]):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |"
+            for name in arms
+            if name != "none"
+        ),
+        *(
+            f"| the same, while every learner trains (steps {S // 5}-{S * 9 // 10})"
+            + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
+            + f" | **{statistics.mean(together[name]) / statistics.mean(together['none']):.3f}**"
+            + spread(per_repeat_together[name])
+            + " (per repeat: "
+            + ", ".join(f"{r:.3f}" for r in per_repeat_together[name])
+            + f"; {statistics.mean(together[name]):.0f} vs {statistics.mean(together['none']):.0f} tok/s per learner) |"
             for name in arms
             if name != "none"
         ),

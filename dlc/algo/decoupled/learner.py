@@ -12,8 +12,8 @@ p this learner holds, in version order, as they arrive.
 The step loop never waits for the device or the network (`dlc.core.fragment_ops`): a push is one
 jitted extraction dispatched after the step, whose result a sender thread copies to the host and
 sends; a merged fragment is decoded, padded and (on a GPU) put on the device by the thread that
-receives it, and swapped in at a step boundary by one jitted, donating write. With `background=False` (the
-in-process twin, tests) the same work happens inline, in order.
+receives it, and swapped in at a step boundary by one jitted, donating write. With
+`background=False` (the in-process twin, tests) the same work happens inline, in order.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class DecoupledLearnerSync:
         self.incarnation = 0
         self.sent: dict[int, SentRecord] = {}
         self.inbox: queue.SimpleQueue[Arrived | FragmentRequest] = queue.SimpleQueue()
-        self.waiting: dict[int, tuple[int, jax.Array | np.ndarray]] = {}  # fragment -> (version, value) to adopt
+        # fragment -> (version, value) to adopt
+        self.waiting: dict[int, tuple[int, jax.Array | np.ndarray]] = {}
         # The newest global value of each fragment received (version, host value), whatever was
         # adopted: the base of a difference sent down. None: not known (after a copy from a peer).
         # Guarded by _lock, with `parked` and `unacked`: deliveries come from another thread.

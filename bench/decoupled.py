@@ -67,6 +67,24 @@ def all_training_rate(run_dir: Path, steps: int) -> float:
     return statistics.mean((tokens_at(v, hi) - tokens_at(v, lo)) / (hi - lo) for v in series)
 
 
+def ratio_rows(measure: str, rates: dict[str, list[float]]) -> list[str]:
+    """A table row per decoupled arm: its mean rate over `none`'s, with each repeat's ratio."""
+    rows = []
+    for name in rates:
+        if name == "none":
+            continue
+        per_repeat = [d / n for d, n in zip(rates[name], rates["none"], strict=True)]
+        mean, none = statistics.mean(rates[name]), statistics.mean(rates["none"])
+        rows.append(
+            f"| {measure}"
+            + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
+            + f" | **{mean / none:.3f}**{spread(per_repeat)} (per repeat: "
+            + ", ".join(f"{r:.3f}" for r in per_repeat)
+            + f"; {mean:.0f} vs {none:.0f} tok/s per learner) |"
+        )
+    return rows
+
+
 def spread(ratios: list[float]) -> str:
     """The standard error of the per-repeat ratios as " +- 0.006" (repeats differ more than the runs
     of one repeat: this machine's speed drifts), or nothing with one repeat."""
@@ -131,10 +149,6 @@ def main() -> None:
     first = decoupled[0]
     bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
     bpb_m = statistics.mean(x["eval_bpb_final"] for x in decoupled)
-    per_repeat = {name: [d / n for d, n in zip(rates[name], rates["none"], strict=True)] for name in arms}
-    per_repeat_together = {
-        name: [d / n for d, n in zip(together[name], together["none"], strict=True)] for name in arms
-    }
     lines = [
         f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
         "",
@@ -147,28 +161,8 @@ def main() -> None:
         "",
         "| measure | value |",
         "|---|---|",
-        *(
-            f"| learner tokens/s with syncer / without (`algorithm=none`), {M} learners each"
-            + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
-            + f" | **{statistics.mean(rates[name]) / statistics.mean(rates['none']):.3f}**"
-            + spread(per_repeat[name])
-            + " (per repeat: "
-            + ", ".join(f"{r:.3f}" for r in per_repeat[name])
-            + f"; {statistics.mean(rates[name]):.0f} vs {statistics.mean(rates['none']):.0f} tok/s per learner) |"
-            for name in arms
-            if name != "none"
-        ),
-        *(
-            f"| the same, while every learner trains (steps {S // 5}-{S * 9 // 10})"
-            + ("" if name == "decoupled" else f"; {name.split(', ', 1)[1]}")
-            + f" | **{statistics.mean(together[name]) / statistics.mean(together['none']):.3f}**"
-            + spread(per_repeat_together[name])
-            + " (per repeat: "
-            + ", ".join(f"{r:.3f}" for r in per_repeat_together[name])
-            + f"; {statistics.mean(together[name]):.0f} vs {statistics.mean(together['none']):.0f} tok/s per learner) |"
-            for name in arms
-            if name != "none"
-        ),
+        *ratio_rows(f"learner tokens/s with syncer / without (`algorithm=none`), {M} learners each", rates),
+        *ratio_rows(f"the same, while every learner trains (steps {S // 5}-{S * 9 // 10})", together),
         f"| bytes sent per learner step / one fp32 gradient ({4 * params:,} B) | "
         f"**1/{4 * params / bytes_per_step:.0f}** ({bytes_per_step:,.0f} B per step) |",
         f"| final eval bits/byte, {M} learners x {S} steps | {bpb_m:.3f} |",

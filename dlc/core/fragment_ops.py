@@ -249,10 +249,10 @@ class FragmentOps:
         return jax.device_put(x, self.device)
 
     def pad(self, p: int, vector: np.ndarray) -> np.ndarray:
-        """Fragment p's flat float32 vector, zero-padded to M (a copy; one already padded is copied)."""
+        """Fragment p's flat float32 vector, zero-padded to M."""
         flat = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if flat.size not in (self.sizes[p], self.M):
-            raise ValueError(f"fragment {p} has {self.sizes[p]} values (padded {self.M}), not {flat.size}")
+        if flat.size != self.sizes[p]:
+            raise ValueError(f"fragment {p} has {self.sizes[p]} values, not {flat.size}")
         out = np.zeros(self.M, np.float32)
         out[: flat.size] = flat
         return out

@@ -5,6 +5,7 @@ Plain helpers and constants live in tests/helpers.py.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -18,6 +19,16 @@ from tests.helpers import STEPS, TINY, run_cli
 # Before any test imports JAX: several processes share 2 cores in CI.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(autouse=True)
+def _heap_unfrozen() -> Iterator[None]:
+    """A learner or syncer worker built in this process freezes its heap, as it does in its own
+    actor process (`dlc.core.runtime.freeze_heap`): the test process's goes back under the
+    collector after each test."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The persistent compilation cache: shared by processes at once, repaired after a killed writer; and
-the device a process starts on."""
+"""The persistent compilation cache: shared by processes at once, repaired after a killed writer; the
+device a process starts on; what the process's allocator and garbage collector keep."""
 
 import json
 import os
@@ -249,3 +249,38 @@ def test_a_backend_that_fails_to_start_is_one_line_with_its_first_line_and_the_f
     )
     assert device_label("gpu", "NVIDIA H100 80GB HBM3") == "gpu: NVIDIA H100 80GB HBM3"
     assert device_label("cpu", "cpu") == "cpu"
+
+
+# Makes a dead cycle, freezes the heap (collecting first or not), then makes another dead cycle and
+# collects; prints which cycles were freed and how many objects a full collection still walks.
+FREEZE = textwrap.dedent(
+    """
+    import gc, json, sys, weakref
+    from dlc.core.runtime import freeze_heap
+    class Node:
+        pass
+    def dead_cycle():
+        a, b = Node(), Node()
+        a.b, b.a = b, a
+        return weakref.ref(a)
+    gc.disable()  # nothing collects but what the test asks for
+    before = dead_cycle()
+    walked = len(gc.get_objects())
+    freeze_heap(collect=sys.argv[1] == "collect")
+    after = dead_cycle()
+    gc.collect()
+    print(json.dumps({"before_freed": before() is None, "after_freed": after() is None,
+                      "walked": walked, "walked_now": len(gc.get_objects()), "frozen": gc.get_freeze_count()}))
+    """
+)
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_a_frozen_heap_is_left_out_of_full_collections_and_what_dies_later_is_still_freed(collect):
+    argv = [sys.executable, "-c", FREEZE, "collect" if collect else "no"]
+    out = json.loads(subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    assert out["frozen"] >= out["walked"] * 0.9  # everything alive at the freeze
+    assert out["walked_now"] < out["walked"] / 20  # a full collection now walks only what came since
+    assert out["after_freed"]
+    # Garbage at the freeze is freed first when asked; otherwise it is kept for the process's life.
+    assert out["before_freed"] is collect

@@ -32,6 +32,7 @@ from dlc.core.runtime import (
     CompileLog,
     compilation_cache_dir,
     enable_compilation_cache,
+    freeze_heap,
     release_freed_memory,
     start_backend,
 )
@@ -139,6 +140,7 @@ class LearnerWorker:
         requested_at: float | None = None,
     ) -> None:
         constructed = time.time()
+        freeze_heap(collect=False)  # what the imports made; the rest once compiled (`_compile`)
         self.recipe = Recipe.model_validate(recipe_json)
         self.index = index
         self.incarnation = incarnation
@@ -237,6 +239,7 @@ class LearnerWorker:
         self.startup["compile_s"] = round(time.monotonic() - started, 3)
         self.startup["compiled_from"] = "cache" if compiled and hits == compiled else "xla" if not hits else "both"
         release_freed_memory()  # what compiling left free, which a process keeping freed memory would hold
+        freeze_heap()  # start-up's objects live as long as the process: full collections skip them
         self._compiled.set()
 
     def current_phase(self) -> str | None:

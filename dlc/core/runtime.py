@@ -92,10 +92,11 @@ def freeze_heap(collect: bool = True) -> None:
     them with the GIL held: 130 ms of CPU on a shared core, during which each thread of the process
     stands still. In a tiny run one came in each learner's first checkpoint, which then took twice
     as long as the same checkpoint under `algorithm=none` (`bench/RESULTS.md`). Frozen objects are
-    never walked again, nor freed if they die, so freeze only once start-up is over. `collect`
-    frees what is garbage first, so that no dead cycle (one holding device buffers, say) is kept for
-    the life of the process; without it (right after the imports, when there is next to none) the
-    freeze costs nothing.
+    never walked again: one that dies is still freed by its reference count, but a cycle of them
+    never is, so freeze only what lives as long as the process. `collect` frees what is garbage
+    first, so that no dead cycle (one holding device buffers, say) is kept for the life of the
+    process; without it (right after the imports, when there is next to none) the freeze costs
+    nothing.
     """
     if collect:
         gc.collect()

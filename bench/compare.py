@@ -227,24 +227,14 @@ def _progress(run_dir: Path) -> str:
         return ", starting"
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a killed process
-            continue
-    return lines
-
-
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What the tables need from a finished run directory: summary, eval curve, faults fired."""
+    from dlc.run.files import read_jsonl  # a line cut short by a killed process is left out
+
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
-    events = _jsonl(run_dir / "events.jsonl")
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    events = read_jsonl(run_dir / "events.jsonl")[0]
+    metrics = read_jsonl(run_dir / "metrics.jsonl")[0]
     # The clock starts when every first learner has compiled and trains: start-up (cluster, process
     # and JAX start, compilation, the initial eval) is the same for every algorithm and would
     # drown the differences in time to target. goodput_after_startup leaves it out the same way.

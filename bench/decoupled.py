@@ -47,9 +47,10 @@ def all_training_rate(run_dir: Path, steps: int) -> float:
     The steady rates of the summary start at each learner's own first step, so they also count
     the seconds in which others were still starting or had finished, when it had more of the
     machine to itself."""
+    from dlc.run.files import read_jsonl
+
     records: dict[int, list[tuple[float, int, int]]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_jsonl(run_dir / "metrics.jsonl")[0]:
         if r.get("kind") == "train":
             records.setdefault(r["learner"], []).append((r["t"], r["step"], r["tokens"]))
     series = [sorted(v, key=lambda x: x[1]) for v in records.values()]

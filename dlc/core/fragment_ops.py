@@ -222,8 +222,8 @@ class FragmentOps:
         # A multiple of the block (and even, for int4 pairs) so the codes of a block never straddle.
         quantum = block_size if codec in ("int4", "int8") else 2
         self.M = -(-max(self.sizes) // quantum) * quantum
-        self.layout = layout or ("windows" if self.device.platform == "cpu" else "concat")
         self.on_host = self.device.platform == "cpu"  # vectors stay on the host: `to_device`
+        self.layout = layout or ("windows" if self.on_host else "concat")
         tables, extract, swap = LAYOUTS[self.layout](plan, like, self.M, codec, block_size)
         self.tables = [self.put(table) for table in tables]  # each fragment's argument to both
         self.extract = jax.jit(extract)

@@ -11,6 +11,8 @@ Measures, with M learners sharing the machine:
      actor calls), reported against the same `none` runs, with the standard error of the
      per-repeat ratios; and the same ratio over only the seconds in which every learner of the run
      trains (from its train records), which the start-up and the end of a short run do not tilt;
+     and the CPU of every process of each run over those seconds, per learner step, by where it
+     goes (the learners' XLA threads, their other threads, the syncer, the rest: `proc_cpu.py`);
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
@@ -30,42 +32,74 @@ import tempfile
 import time
 from pathlib import Path
 
+from proc_cpu import PARTS, Sampler  # this folder is on the path of a script in it
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def train(recipe: str, run_dir: Path, *overrides: str) -> dict:
+def train(recipe: str, run_dir: Path, *overrides: str) -> tuple[dict, Sampler]:
+    """Run `dlc train` to its end; its summary, and its processes' CPU sampled meanwhile."""
     cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, f"run.dir={run_dir}", *overrides]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
-    return json.loads((run_dir / "summary.json").read_text())
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        sampler = Sampler(proc.pid)
+        try:
+            proc.wait()
+        finally:
+            sampler.stop()
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err.read()[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text()), sampler
 
 
-def all_training_rate(run_dir: Path, steps: int) -> float:
-    """Tokens/s per learner while every learner trains: from the last learner's step steps/5 to the
-    first learner's step 9*steps/10, read from the runs' train records (linear between records).
-    The steady rates of the summary start at each learner's own first step, so they also count
-    the seconds in which others were still starting or had finished, when it had more of the
-    machine to itself."""
+Series = list[tuple[float, int, int]]  # one learner's train records: (time, step, tokens), by step
+
+
+def train_series(run_dir: Path) -> list[Series]:
     from dlc.run.files import read_jsonl
 
-    records: dict[int, list[tuple[float, int, int]]] = {}
+    records: dict[int, Series] = {}
     for r in read_jsonl(run_dir / "metrics.jsonl")[0]:
         if r.get("kind") == "train":
             records.setdefault(r["learner"], []).append((r["t"], r["step"], r["tokens"]))
-    series = [sorted(v, key=lambda x: x[1]) for v in records.values()]
+    return [sorted(v, key=lambda x: x[1]) for v in records.values()]
+
+
+def all_training_window(run_dir: Path, series: list[Series], steps: int) -> tuple[float, float]:
+    """The seconds in which every learner trains: from the last learner's step steps/5 to the
+    first learner's step 9*steps/10. The steady rates of the summary start at each learner's own
+    first step, so they also count the seconds in which others were still starting or had
+    finished, when it had more of the machine to itself."""
     lo = max(next(t for t, s, _ in v if s >= steps // 5) for v in series)
     hi = min(max(t for t, s, _ in v if s <= steps * 9 // 10) for v in series)
-
-    def tokens_at(v: list[tuple[float, int, int]], t: float) -> float:
-        for (t0, _, n0), (t1, _, n1) in itertools.pairwise(v):
-            if t0 <= t <= t1:
-                return n0 + (n1 - n0) * (t - t0) / (t1 - t0)
-        raise ValueError(f"no train record around t={t}")
-
     if hi <= lo:
         raise SystemExit(f"{run_dir}: no time in which every learner trained; raise --steps")
-    return statistics.mean((tokens_at(v, hi) - tokens_at(v, lo)) / (hi - lo) for v in series)
+    return lo, hi
+
+
+def at(v: Series, t: float, field: int) -> float:
+    """A learner's step (field 1) or tokens (field 2) at time t, linear between its records."""
+    for a, b in itertools.pairwise(v):
+        if a[0] <= t <= b[0]:
+            return a[field] + (b[field] - a[field]) * (t - a[0]) / (b[0] - a[0])
+    raise ValueError(f"no train record around t={t}")
+
+
+def all_training_rate(series: list[Series], lo: float, hi: float) -> float:
+    """Tokens/s per learner between lo and hi (`all_training_window`)."""
+    return statistics.mean((at(v, hi, 2) - at(v, lo, 2)) / (hi - lo) for v in series)
+
+
+def cpu_per_step(series: list[Series], lo: float, hi: float, sampler: Sampler) -> dict[str, float] | None:
+    """Milliseconds of CPU per learner step between lo and hi, by part (`bench.cpu.PARTS`) and in all."""
+    span = sampler.between(lo, hi)
+    if span is None:
+        return None
+    t0, t1, cpu = span
+    steps = sum(at(v, t1, 1) - at(v, t0, 1) for v in series)
+    per_step = {part: 1000 * cpu[part] / steps for part in PARTS}
+    return {**per_step, "all": sum(per_step.values())}
 
 
 def ratio_rows(measure: str, rates: dict[str, list[float]]) -> list[str]:
@@ -83,6 +117,31 @@ def ratio_rows(measure: str, rates: dict[str, list[float]]) -> list[str]:
             + ", ".join(f"{r:.3f}" for r in per_repeat)
             + f"; {mean:.0f} vs {none:.0f} tok/s per learner) |"
         )
+    return rows
+
+
+def cpu_line(used: dict[str, float]) -> str:
+    """`used` (`cpu_per_step`) as "44.31 (learners_xla 39.50, ...)"."""
+    return f"{used['all']:.2f} (" + ", ".join(f"{part} {used[part]:.2f}" for part in PARTS) + ")"
+
+
+def cpu_rows(cpu: dict[str, list[dict[str, float]]], repeats: int) -> list[str]:
+    """Rows of CPU per learner step while every learner trains, per arm, and each decoupled arm's
+    against `none`'s: on saturated cores the inverse of the throughput ratio, split by where it goes."""
+    if any(len(runs) != repeats for runs in cpu.values()):
+        return []  # not sampled (no /proc), or too short a window in some run
+    means = {
+        name: {part: statistics.mean(r[part] for r in runs) for part in (*PARTS, "all")} for name, runs in cpu.items()
+    }
+    rows = []
+    for name, used in means.items():
+        xla = ", ".join(f"{r['learners_xla']:.1f}" for r in cpu[name])
+        row = f"| CPU ms per learner step while every learner trains, {name} | {cpu_line(used)}; XLA's per repeat {xla}"
+        if name != "none":
+            none = means["none"]
+            added = ", ".join(f"{part} {used[part] - none[part]:+.2f}" for part in PARTS)
+            row += f"; / `none`: **{none['all'] / used['all']:.3f}** ({added})"
+        rows.append(row + " |")
     return rows
 
 
@@ -120,21 +179,29 @@ def main() -> None:
     arms.update({f"decoupled, {kv}": ["algorithm=decoupled", kv] for kv in args.vs})
     rates: dict[str, list[float]] = {name: [] for name in arms}
     together: dict[str, list[float]] = {name: [] for name in arms}  # while every learner trains
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in arms}  # ms per learner step, then
     decoupled: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for k, name in enumerate(list(arms) if rep % 2 == 0 else list(arms)[::-1]):
-                summary = train(args.recipe, Path(tmp) / f"{rep}-{k}", *common, *arms[name])
+                run_dir = Path(tmp) / f"{rep}-{k}"
+                summary, sampler = train(args.recipe, run_dir, *common, *arms[name])
+                series = train_series(run_dir)
+                lo, hi = all_training_window(run_dir, series, S)
                 rates[name].append(statistics.mean(x["steady_tokens_per_s"] for x in summary["learners"]))
-                together[name].append(all_training_rate(Path(tmp) / f"{rep}-{k}", S))
+                together[name].append(all_training_rate(series, lo, hi))
+                used = cpu_per_step(series, lo, hi, sampler)
+                if used is not None:
+                    cpu[name].append(used)
                 if name == "decoupled":
                     decoupled.append(summary)
                 print(
                     f"{name} run {rep}: {rates[name][-1]:.0f} tok/s per learner, "
-                    f"{together[name][-1]:.0f} while every learner trains",
+                    f"{together[name][-1]:.0f} while every learner trains"
+                    + ("" if used is None else "; CPU ms per learner step " + cpu_line(used)),
                     file=sys.stderr,
                 )
-        single = train(
+        single, _ = train(
             args.recipe,
             Path(tmp) / "single",
             *args.set,
@@ -168,6 +235,7 @@ def main() -> None:
         f"**1/{4 * params / bytes_per_step:.0f}** ({bytes_per_step:,.0f} B per step) |",
         f"| final eval bits/byte, {M} learners x {S} steps | {bpb_m:.3f} |",
         f"| final eval bits/byte, 1 learner x {M * S} steps (same tokens) | {single['eval_bpb_final']:.3f} |",
+        *cpu_rows(cpu, len(rates["none"])),
         f"| mean contributors per round | {statistics.mean(x['mean_contributors'] for x in decoupled):.2f} |",
         f"| rejected pushes | {[x['pushes_rejected'] for x in decoupled]} |",
         "",

@@ -57,6 +57,7 @@ Series = list[tuple[float, int, int]]  # one learner's train records: (time, ste
 
 
 def train_series(run_dir: Path) -> list[Series]:
+    """Every learner's train records of the run (metrics.jsonl)."""
     from dlc.run.files import read_jsonl
 
     records: dict[int, Series] = {}
@@ -92,7 +93,7 @@ def all_training_rate(series: list[Series], lo: float, hi: float) -> float:
 
 
 def cpu_per_step(series: list[Series], lo: float, hi: float, sampler: Sampler) -> dict[str, float] | None:
-    """Milliseconds of CPU per learner step between lo and hi, by part (`bench.cpu.PARTS`) and in all."""
+    """Milliseconds of CPU per learner step between lo and hi, by part (`proc_cpu.PARTS`) and in all."""
     span = sampler.between(lo, hi)
     if span is None:
         return None
@@ -126,8 +127,9 @@ def cpu_line(used: dict[str, float]) -> str:
 
 
 def cpu_rows(cpu: dict[str, list[dict[str, float]]], repeats: int) -> list[str]:
-    """Rows of CPU per learner step while every learner trains, per arm, and each decoupled arm's
-    against `none`'s: on saturated cores the inverse of the throughput ratio, split by where it goes."""
+    """Rows of CPU per learner step while every learner trains, per arm; for each decoupled arm also
+    `none`'s CPU per step over its own (on saturated cores, the throughput ratio) and what it adds
+    by part."""
     if any(len(runs) != repeats for runs in cpu.values()):
         return []  # not sampled (no /proc), or too short a window in some run
     means = {

@@ -228,6 +228,14 @@ def test_int4_nonfinite_is_caught_after_decoding() -> None:
     np.testing.assert_allclose(delta, [0.7, -0.35, 0, 0], atol=0.05 + 1e-6)
 
 
+def test_a_finite_delta_too_large_to_square_in_float32_is_not_refused_as_nonfinite() -> None:
+    rounds = book(ClockAt())
+    for learner in range(5):  # the outlier check's warm-up: norm 2e20 over 4 steps, 5e19 per step
+        assert rounds.submit(push(learner, seq=0, value=1e20)).accepted  # 1e40 overflows float32
+    verdict = rounds.submit(push(5, seq=0, value=1e20 * 50))  # 50x the median per step: its norm was read
+    assert verdict.reason == Reject.NORM_OUTLIER, verdict.detail
+
+
 def test_norm_outlier_after_warmup() -> None:
     detector = NormOutlier(warmup=5, window=20, z_max=6.0, min_ratio=32.0)
     for norm in [1.0, 1000.0]:

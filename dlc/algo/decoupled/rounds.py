@@ -332,7 +332,8 @@ class RoundBook:
         if not math.isfinite(squares):
             if not np.all(np.isfinite(delta)):
                 return self._reject(push, Reject.NONFINITE, "NaN or Inf in the delta")
-            squares = float(np.dot(delta.astype(np.float64), delta.astype(np.float64)))  # float32 overflowed
+            wide = delta.astype(np.float64)  # float32 overflowed
+            squares = float(np.dot(wide, wide))
         norm_per_step = math.sqrt(squares) / push.steps
         outlier = frag.outlier.check(norm_per_step)
         frag.outlier.add(norm_per_step)

@@ -181,7 +181,7 @@ def main() -> None:
     arms.update({f"decoupled, {kv}": ["algorithm=decoupled", kv] for kv in args.vs})
     rates: dict[str, list[float]] = {name: [] for name in arms}
     together: dict[str, list[float]] = {name: [] for name in arms}  # while every learner trains
-    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in arms}  # ms per learner step, then
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in arms}  # per run: `cpu_per_step`
     decoupled: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):

@@ -29,18 +29,23 @@ def _stat(path: Path) -> tuple[str, list[str]]:
     return text[text.index("(") + 1 : text.rindex(")")], text.rsplit(")", 1)[1].split()
 
 
-def _descendants(root: int) -> list[int]:
+def _descendants(root: int) -> dict[int, list[str]]:
+    """Every process under `root` (itself included), with the fields of its stat file."""
+    stats: dict[int, list[str]] = {}
     children: dict[int, list[int]] = {}
     for entry in PROC.iterdir():
         if entry.name.isdigit():
             try:
-                children.setdefault(int(_stat(entry / "stat")[1][1]), []).append(int(entry.name))
+                fields = _stat(entry / "stat")[1]
             except (OSError, ValueError, IndexError):  # it ended meanwhile
                 continue
-    out, todo = [], [root]
+            stats[int(entry.name)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = {}, [root]
     while todo:
         pid = todo.pop()
-        out.append(pid)
+        if pid in stats:
+            out[pid] = stats[pid]
         todo.extend(children.get(pid, []))
     return out
 
@@ -52,20 +57,23 @@ def _role(pid: int) -> str:
     return "syncer" if cmdline.startswith(b"ray::SyncerWorker") else "other"
 
 
+def _cpu_s(fields: list[str]) -> float:
+    """User plus system CPU seconds from the fields of a stat file."""
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
 def sample(root: int) -> Counter[str]:
     """CPU seconds so far of every process under `root`, by part (`PARTS`)."""
     cpu: Counter[str] = Counter()
-    for pid in _descendants(root):
+    for pid, fields in _descendants(root).items():
         try:
             role = _role(pid)
             if role != "learner":
-                fields = _stat(PROC / str(pid) / "stat")[1]
-                cpu[role] += (int(fields[11]) + int(fields[12])) * TICK_S
+                cpu[role] += _cpu_s(fields)
                 continue
             for task in (PROC / str(pid) / "task").iterdir():
-                comm, fields = _stat(task / "stat")
-                part = "learners_xla" if comm.startswith("tf_") else "learners_other"
-                cpu[part] += (int(fields[11]) + int(fields[12])) * TICK_S
+                comm, task_fields = _stat(task / "stat")
+                cpu["learners_xla" if comm.startswith("tf_") else "learners_other"] += _cpu_s(task_fields)
         except (OSError, ValueError, IndexError):  # the process or thread ended meanwhile
             continue
     return cpu

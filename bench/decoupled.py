@@ -12,7 +12,9 @@ Measures, with M learners sharing the machine:
      per-repeat ratios; and the same ratio over only the seconds in which every learner of the run
      trains (from its train records), which the start-up and the end of a short run do not tilt;
      and the CPU of every process of each run over those seconds, per learner step, by where it
-     goes (the learners' XLA threads, their other threads, the syncer, the rest: `proc_cpu.py`);
+     goes (the learners' XLA threads, their other threads, the syncer, the rest: `proc_cpu.py`),
+     and the CPU ratio with each run scaled to the machine speed of the `none` run beside it
+     (`at_speed_of`), whose repeats agree far more closely than the throughput's;
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
@@ -129,7 +131,8 @@ def cpu_line(used: dict[str, float]) -> str:
 def cpu_rows(cpu: dict[str, list[dict[str, float]]], repeats: int) -> list[str]:
     """Rows of CPU per learner step while every learner trains, per arm; for each decoupled arm also
     `none`'s CPU per step over its own (on saturated cores, the throughput ratio) and what it adds
-    by part."""
+    by part, and a row of the same ratio with each run at the machine speed of its repeat's `none`
+    run (`at_speed_of`)."""
     if any(len(runs) != repeats for runs in cpu.values()):
         return []  # not sampled (no /proc), or too short a window in some run
     means = {
@@ -144,7 +147,28 @@ def cpu_rows(cpu: dict[str, list[dict[str, float]]], repeats: int) -> list[str]:
             added = ", ".join(f"{part} {used[part] - none[part]:+.2f}" for part in PARTS)
             row += f"; / `none`: **{none['all'] / used['all']:.3f}** ({added})"
         rows.append(row + " |")
+    for name, runs in cpu.items():
+        if name == "none":
+            continue
+        per_repeat = [at_speed_of(n, r) for r, n in zip(runs, cpu["none"], strict=True)]
+        rows.append(
+            f"| the same ratio at `none`'s machine speed, {name}: each run's CPU scaled by `none`'s XLA CPU per "
+            f"step over its own, in its repeat | **{statistics.mean(per_repeat):.3f}**{spread(per_repeat)} "
+            "(per repeat: " + ", ".join(f"{x:.3f}" for x in per_repeat) + ") |"
+        )
     return rows
+
+
+def at_speed_of(none: dict[str, float], run: dict[str, float]) -> float:
+    """`none`'s CPU per step over `run`'s, with `run`'s first scaled to `none`'s machine speed.
+
+    XLA's threads do the same work a step in both arms, so a run whose XLA took more CPU a step ran
+    on a slower machine (this one drifts by several percent within minutes); scaling every part of
+    it by `none`'s XLA over its own removes that drift, and leaves the protocol's own cost, which is
+    what a change to the protocol moves. What the protocol might cost XLA itself (evicting its data)
+    goes with the drift: the raw ratio above keeps it.
+    """
+    return none["all"] / (run["all"] * none["learners_xla"] / run["learners_xla"])
 
 
 def spread(ratios: list[float]) -> str:

@@ -14,7 +14,8 @@ Measures, with M learners sharing the machine:
      and the CPU of every process of each run over those seconds, per learner step, by where it
      goes (the learners' XLA threads, their other threads, the syncer, the rest: `proc_cpu.py`),
      and the CPU ratio with each run scaled to the machine speed of the `none` run beside it
-     (`at_speed_of`), whose repeats agree far more closely than the throughput's;
+     (`at_speed_of`), whose repeats agree far more closely than the throughput's (compare changes
+     within one invocation: between two it moves more than within one);
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
 Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.

@@ -7,7 +7,7 @@ from typing import Any
 from dlc.config.schema import Recipe
 from dlc.core.data import load_corpus, split_corpus
 from dlc.core.runtime import prepare_compilation_cache
-from dlc.engine.driver import Driver, Outcome
+from dlc.engine.driver import Driver, Interrupts, Outcome
 from dlc.engine.journal import check_journal
 from dlc.observe.console import ProgressView
 from dlc.plan.memory import check_fits, fragment_plan
@@ -35,30 +35,33 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, c
     if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
         plan = fragment_plan(recipe)
         check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
-    started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
-    try:
-        # Ray would leave an actor asking for what no node has pending forever: refuse it now.
-        devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
-        placement.check(recipe, cluster.nodes(), started["driver_node"])
-        # Events are held in memory until every actor has started: written only if the run really starts.
-        rundir = RunDir.create(layout, recipe)
-    except BaseException:
-        cluster.stop_cluster()
-        raise
-    rundir.event(
-        "run_started",
-        run_dir=str(rundir.path),
-        storage=rundir.storage.location,
-        corpus_bytes=len(corpus),
-        eval_bytes=len(split.eval_bytes),
-        learners=recipe.learners.count,
-        algorithm=recipe.algorithm,
-        resumed=layout.resume,
-    )
-    if cache is not None:
-        rundir.event("compile_cache", **cache)
-    try:
-        return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run()
-    finally:
-        cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start
-        rundir.close()
+    with Interrupts() as interrupts:
+        try:
+            started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
+            # Ray would leave an actor asking for what no node has pending forever: refuse it now.
+            devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
+            placement.check(recipe, cluster.nodes(), started["driver_node"])
+            # Events are held in memory until every actor has started: written only if the run really starts.
+            rundir = RunDir.create(layout, recipe)
+        except BaseException:
+            interrupts.hold()  # an interrupted start (inside `ray.init`, say) still stops what it started
+            cluster.stop_cluster()
+            raise
+        rundir.event(
+            "run_started",
+            run_dir=str(rundir.path),
+            storage=rundir.storage.location,
+            corpus_bytes=len(corpus),
+            eval_bytes=len(split.eval_bytes),
+            learners=recipe.learners.count,
+            algorithm=recipe.algorithm,
+            resumed=layout.resume,
+        )
+        if cache is not None:
+            rundir.event("compile_cache", **cache)
+        try:
+            return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run(interrupts)
+        finally:
+            interrupts.hold()
+            cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start
+            rundir.close()

@@ -3,8 +3,11 @@
 That tiny trains as the README's quick start says is checked on the calm run of tests/test_engine_e2e.py."""
 
 import json
+import os
 import shutil
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +63,47 @@ def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):
             m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "train" and m["learner"] == learner
         ]
         assert steps == sorted(set(steps)) and steps[-1] == 200
+
+
+def session_processes(sid: int) -> list[str]:
+    """Command lines of the live (not zombie) processes of session `sid`: the driver's and Ray's."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = (Path("/proc") / pid / "stat").read_text()
+            cmdline = (Path("/proc") / pid / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+    return found
+
+
+def test_ctrl_c_pressed_again_and_again_still_ends_cleanly(tmp_path):
+    """An impatient user: the second Ctrl-C interrupts at once, and the ones after it cannot cut
+    short what must follow (the summary, stopping Ray): no traceback, no process left behind."""
+    run_dir = tmp_path / "r"
+    proc = start_train(str(TINY), f"run.dir={run_dir}", "learners.count=2", "run.max_steps=1000")
+    try:
+        wait_for_step(run_dir, 20, proc, timeout_s=300)
+        assert len(session_processes(proc.pid)) > 3  # Ray's processes are in the driver's session
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.2)
+        _, stderr = proc.communicate(timeout=60)
+        deadline = time.time() + 15
+        while session_processes(proc.pid) and time.time() < deadline:
+            time.sleep(0.2)
+        left = session_processes(proc.pid)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "still stopping" in stderr, stderr[-3000:]
+    assert "resume with: dlc train" in stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert left == []
 
 
 def test_resume_refuses_other_model_and_damaged_checkpoint(tmp_path):

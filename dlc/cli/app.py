@@ -62,7 +62,14 @@ for _name, _command in (
     app.command(_name)(guarded(_command))
 
 
+# True when `main` runs the command as the process itself, which ends with it (not a caller's
+# CliRunner): only then may a command change how the process takes signals, for good.
+process_ends_with_command = False
+
+
 def main() -> None:
+    global process_ends_with_command
+    process_ends_with_command = True
     try:
         app()
     except UserError as exc:  # raised outside a command's own handler

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -57,8 +60,11 @@ def train_command(
 
         outcome = run(loaded, fresh=fresh, chaos_plan=plan)
     except KeyboardInterrupt:
+        _ignore_ctrl_c()
         typer.echo("interrupted while starting: nothing was trained", err=True)
+        _end_now_after_a_cut_start()
         raise typer.Exit(130) from None
+    _ignore_ctrl_c()
     summary = outcome.summary
     final, initial = summary.get("eval_loss_final"), summary.get("eval_loss_initial")
     loss = ""
@@ -73,3 +79,29 @@ def train_command(
         args = " ".join([str(recipe), *(o for o in overrides or [] if not o.startswith("run.dir="))])
         typer.echo(f"resume with: dlc train {args} run.dir={outcome.resume_dir or outcome.run_dir}", err=True)
     raise typer.Exit(outcome.exit_code)
+
+
+def _ignore_ctrl_c() -> None:
+    """The run is over and Ray is stopped: in a process that ends with this command, a Ctrl-C from
+    here on could only cut the report short, or end the process by the signal (while the
+    interpreter exits) instead of with the command's exit code. A caller's process (tests) keeps its
+    handler."""
+    from dlc.cli import app
+
+    if app.process_ends_with_command:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _end_now_after_a_cut_start() -> None:
+    """In a process that ends with this command, end it now, with code 130, after a start cut short.
+
+    A Ctrl-C inside `ray.init` leaves Ray's threads half started; the interpreter's teardown then
+    frees JAX's modules while one of them still runs, and crashes (seen: a segfault in jaxlib's
+    module deallocation, with Ray's error subscriber polling). Ray is stopped and nothing else is
+    left to tear down."""
+    from dlc.cli import app
+
+    if app.process_ends_with_command:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)

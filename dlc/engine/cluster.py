@@ -62,8 +62,9 @@ def start_cluster(cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str]
 
 
 def stop_cluster() -> None:
-    if ray.is_initialized():
-        ray.shutdown()
+    """Leave the cluster, and stop an embedded one; also after a start cut short (a Ctrl-C inside
+    `ray.init`), whose processes run though Ray is not initialized. Nothing to do costs ~15 ms."""
+    ray.shutdown()
 
 
 def nodes() -> list[dict[str, Any]]:

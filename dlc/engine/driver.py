@@ -8,7 +8,10 @@ the global model, and decides when the run ends.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
@@ -29,24 +32,56 @@ TICK_S = 0.2
 AFTER_KILL_S = 0.03  # the next tick, after chaos's agent sent a SIGKILL (Ray sees the death in ~15 ms)
 
 
-class StopRequest:
-    """Turns the first Ctrl-C into a request to stop cleanly; a second one interrupts at once."""
+class Interrupts:
+    """What Ctrl-C does to `dlc train`, from the start of the cluster to its stop.
+
+    While the run starts, Ctrl-C interrupts it. Once it trains (`training`), the first Ctrl-C asks
+    for a clean stop (`requested`) and a second one interrupts at once. After an interrupt, and
+    while the run winds down (`hold`), Ctrl-C only says that it is stopping: the summary must be
+    written and Ray's processes stopped, and a Ctrl-C that cut that short would leave them running.
+    The handler found is put back at the end. In the main thread only, as every signal handler.
+    """
 
     def __init__(self) -> None:
         self.requested = False
+        self._mode = "starting"  # starting | training | held
         self._previous: Any = None
 
-    def __enter__(self) -> StopRequest:
+    def __enter__(self) -> Interrupts:
         self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGINT, self._previous)
+        sys.unraisablehook = self._previous_hook
+
+    def training(self) -> None:
+        self._mode = "training"
+
+    def hold(self) -> None:
+        self._mode = "held"
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
+        if self._mode == "held":
+            sys.stderr.write("still stopping: saving the run and stopping Ray's processes take a few seconds\n")
+        elif self._mode == "training" and not self.requested:
+            self.requested = True
+        else:
+            # While training, the stop was requested already: if this interrupt is lost (raised in
+            # a callback that swallows it), the run still stops. While starting, nothing holds
+            # until the clean-up says so: the next Ctrl-C interrupts again.
+            if self._mode == "training":
+                self._mode = "held"
             raise KeyboardInterrupt
-        self.requested = True
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """An interrupt raised where Python cannot raise it (a garbage collection callback, as JAX
+        has) is printed and dropped: while starting, deliver the Ctrl-C again, to land elsewhere."""
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self._previous_hook(unraisable)
+        elif self._mode == "starting":  # from another thread, a moment later: out of the callback
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
 
 
 @dataclass
@@ -106,7 +141,8 @@ class Driver:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self, interrupts: Interrupts) -> Outcome:
+        """Start, train and end the run; `interrupts` says what Ctrl-C does meanwhile (entered by the caller)."""
         from dlc.engine import cluster, devices
 
         if not self.cluster_info:  # a caller that did not start it (tests): start it here
@@ -125,6 +161,7 @@ class Driver:
             self.tb = TensorBoardWriter(self.rundir.path)
         except BaseException as exc:
             # Nothing has trained yet: leave the run directory as it was.
+            interrupts.hold()
             self._release()
             self.rundir.abandon()
             cluster.stop_cluster()
@@ -134,9 +171,10 @@ class Driver:
         chaos = None
         if self.chaos_plan is not None:
             chaos = start_chaos(self.chaos_plan, self.rundir, self.view.message)
+        interrupts.training()
         try:
-            with StopRequest() as stop, self.view:
-                self._watch(stop)
+            with self.view:
+                self._watch(interrupts)
                 if chaos is not None:
                     chaos[1].set()
                     report = chaos[0].report
@@ -146,7 +184,7 @@ class Driver:
                         refused={k.name.lower(): v for k, v in report.refused.items()},
                         stopped_because=report.stopped_because,
                     )
-                ending, code = ("interrupted", EXIT_INTERRUPTED) if stop.requested else ("completed", 0)
+                ending, code = ("interrupted", EXIT_INTERRUPTED) if interrupts.requested else ("completed", 0)
                 if self.failure:
                     ending, code = "failed", 1
                 self.view.message(f"{ending}: stopping learners, merging what they have not pushed")
@@ -159,6 +197,7 @@ class Driver:
             self.failure = self.failure or str(_user_error_inside(exc)).splitlines()[0]
             raise _user_error_inside(exc) from None
         finally:
+            interrupts.hold()  # what follows must finish: a Ctrl-C cutting it short leaves Ray's processes behind
             summary = self._summary(status)
             self.rundir.write_status(self._snapshot(status))
             self.rundir.write_summary(summary)
@@ -288,7 +327,7 @@ class Driver:
             if placement is not None:
                 placement.close()
 
-    def _watch(self, stop: StopRequest) -> None:
+    def _watch(self, stop: Interrupts) -> None:
         last_status = 0.0
         while not stop.requested and not self.failure:
             time.sleep(AFTER_KILL_S if self.supervisor.signals.take_sent() else TICK_S)

@@ -1,0 +1,73 @@
+"""What Ctrl-C does to `dlc train`, in-process: interrupt a start, request a stop, interrupt, hold.
+
+The whole flow on the real CLI, with Ctrl-C pressed again and again, is in tests/test_train_e2e.py."""
+
+import gc
+import os
+import signal
+import time
+
+import pytest
+
+from dlc.engine.driver import Interrupts
+
+
+def ctrl_c() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)  # the handler runs in this (the main) thread, between two bytecodes
+
+
+def test_while_training_the_first_ctrl_c_requests_a_stop_the_second_interrupts_then_all_are_held(capsys):
+    before = signal.getsignal(signal.SIGINT)
+    with Interrupts() as interrupts:
+        interrupts.training()
+        ctrl_c()
+        assert interrupts.requested
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()
+        ctrl_c()  # the clean-up after the interrupt: nothing raised, the user is told
+        ctrl_c()
+    assert signal.getsignal(signal.SIGINT) is before
+    assert capsys.readouterr().err.count("still stopping") == 2
+
+
+def test_while_starting_every_ctrl_c_interrupts_until_the_clean_up_holds_them(capsys):
+    with Interrupts() as interrupts:
+        for _ in range(2):
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+        interrupts.hold()
+        ctrl_c()
+        assert not interrupts.requested
+    assert "still stopping" in capsys.readouterr().err
+
+
+def test_a_run_that_winds_down_by_itself_holds_ctrl_c_and_puts_the_handler_back(capsys):
+    with Interrupts() as interrupts:
+        interrupts.training()
+        interrupts.hold()
+        ctrl_c()
+        assert not interrupts.requested
+    assert "still stopping" in capsys.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c()
+
+
+def test_an_interrupt_lost_in_a_garbage_collection_callback_while_starting_is_delivered_again(capsys):
+    """JAX collects garbage with a callback, where Python prints an exception and drops it."""
+    fired = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start" and not fired:
+            fired.append(phase)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs here, inside the callback
+
+    gc.callbacks.append(callback)
+    try:
+        with Interrupts(), pytest.raises(KeyboardInterrupt):
+            gc.collect()
+            time.sleep(0.05)
+    finally:
+        gc.callbacks.remove(callback)
+    assert fired and "Traceback" not in capsys.readouterr().err

@@ -327,9 +327,9 @@ class Driver:
             if placement is not None:
                 placement.close()
 
-    def _watch(self, stop: Interrupts) -> None:
+    def _watch(self, interrupts: Interrupts) -> None:
         last_status = 0.0
-        while not stop.requested and not self.failure:
+        while not interrupts.requested and not self.failure:
             time.sleep(AFTER_KILL_S if self.supervisor.signals.take_sent() else TICK_S)
             self._poll_all()
             if self.supervisor.failure:

@@ -12,7 +12,7 @@ from dlc.engine.journal import check_journal
 from dlc.observe.console import ProgressView
 from dlc.plan.memory import check_fits, fragment_plan
 from dlc.run.files import syncer_journal_path
-from dlc.run.rundir import RunDir
+from dlc.run.rundir import Claim, RunDir
 
 
 def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
@@ -31,37 +31,38 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, c
     streams = recipe.learners.count + recipe.learners.join_streams
     split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
-    layout = RunDir.check(recipe, fresh)
-    if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
-        plan = fragment_plan(recipe)
-        check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
-    with Interrupts() as interrupts:
-        try:
-            started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
-            # Ray would leave an actor asking for what no node has pending forever: refuse it now.
-            devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
-            placement.check(recipe, cluster.nodes(), started["driver_node"])
-            # Events are held in memory until every actor has started: written only if the run really starts.
-            rundir = RunDir.create(layout, recipe)
-        except BaseException:
-            interrupts.hold()  # an interrupted start (inside `ray.init`, say) still stops what it started
-            cluster.stop_cluster()
-            raise
-        rundir.event(
-            "run_started",
-            run_dir=str(rundir.path),
-            storage=rundir.storage.location,
-            corpus_bytes=len(corpus),
-            eval_bytes=len(split.eval_bytes),
-            learners=recipe.learners.count,
-            algorithm=recipe.algorithm,
-            resumed=layout.resume,
-        )
-        if cache is not None:
-            rundir.event("compile_cache", **cache)
-        try:
-            return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run(interrupts)
-        finally:
-            interrupts.hold()
-            cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start
-            rundir.close()
+    with Claim() as claim:  # one dlc train at a time in the run directory, until this returns
+        layout = RunDir.check(recipe, fresh, claim)
+        if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
+            plan = fragment_plan(recipe)
+            check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
+        with Interrupts() as interrupts:
+            try:
+                started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
+                # Ray would leave an actor asking for what no node has pending forever: refuse it now.
+                devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
+                placement.check(recipe, cluster.nodes(), started["driver_node"])
+                # Events are held in memory until every actor has started: written only if the run really starts.
+                rundir = RunDir.create(layout, recipe, claim)
+            except BaseException:
+                interrupts.hold()  # an interrupted start (inside `ray.init`, say) still stops what it started
+                cluster.stop_cluster()
+                raise
+            rundir.event(
+                "run_started",
+                run_dir=str(rundir.path),
+                storage=rundir.storage.location,
+                corpus_bytes=len(corpus),
+                eval_bytes=len(split.eval_bytes),
+                learners=recipe.learners.count,
+                algorithm=recipe.algorithm,
+                resumed=layout.resume,
+            )
+            if cache is not None:
+                rundir.event("compile_cache", **cache)
+            try:
+                return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run(interrupts)
+            finally:
+                interrupts.hold()
+                cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start
+                rundir.close()

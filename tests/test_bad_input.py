@@ -386,6 +386,34 @@ def test_resources_the_cluster_lacks_are_refused_in_seconds(overrides, fragments
     assert snapshot(run_copy) == before
 
 
+@pytest.mark.parametrize("extra", [[], ["--fresh"]], ids=["resume", "fresh"])
+def test_a_run_directory_in_use_by_another_train_is_refused_and_left_as_it_is(extra, run_copy, corpus):
+    """Two runs writing one directory would interleave their logs and checkpoints."""
+    import os
+
+    from dlc.run.rundir import Claim
+
+    before = snapshot(run_copy)
+    with Claim() as other:  # as another `dlc train` holds it: a second claim conflicts in one process too
+        other.take(run_copy)
+        result = invoke("train", str(TINY), *train_overrides(corpus, run_copy), *extra)
+    assert_user_error(result, "is in use by another dlc train", f"(pid {os.getpid()})", "choose another run.dir")
+    assert snapshot(run_copy) == before
+
+
+def test_a_claim_is_free_again_once_released(tmp_path):
+    from dlc.run.rundir import Claim
+
+    first, second = Claim(), Claim()
+    first.take(tmp_path)
+    first.take(tmp_path)  # held already: nothing to do
+    with pytest.raises(UserError, match="in use by another dlc train"):
+        second.take(tmp_path)
+    first.release()
+    second.take(tmp_path)
+    second.release()
+
+
 def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_starts(run_copy, corpus, tmp_path):
     from dlc.run.rundir import RunDir
 

@@ -15,7 +15,10 @@ sees the run while the engine starts.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -63,6 +66,62 @@ class Layout:
     fresh: bool
 
 
+class Claim:
+    """One `dlc train` at a time in a run directory: an exclusive lock on the directory itself.
+
+    Two runs writing one directory would interleave their logs and checkpoints and overwrite each
+    other's summary. The lock (`flock`) is the kernel's: it needs no file in the directory, and it
+    goes with the process however that ends, SIGKILL included. It guards one machine's processes
+    (and a shared filesystem's where it supports `flock`), not a URL's storage.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def take(self, path: Path) -> None:
+        """Hold `path` (an existing directory) from now on, or UserError when another process does."""
+        if self._fd is not None:
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _lock_holder(path)
+            by = f" (pid {holder})" if holder else ""
+            raise UserError(
+                f"run.dir {str(path)!r} is in use by another dlc train{by}: wait for it to end or stop it "
+                "(Ctrl-C), or choose another run.dir"
+            ) from None
+        except OSError:  # a filesystem without flock: nothing to guard with
+            os.close(fd)
+            return
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _lock_holder(path: Path) -> int | None:
+    """The pid holding an flock on `path`, from /proc/locks (Linux); None when it cannot be told."""
+    with contextlib.suppress(OSError, ValueError):
+        st = path.stat()
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode:
+                return int(fields[4])
+    return None
+
+
 class RunDir:
     """An open run directory: `RunDir.check`, then `RunDir.create`; nothing of an earlier run's
     directory is written before `begin`."""
@@ -82,7 +141,7 @@ class RunDir:
         return cls.create(layout, recipe), layout.resume
 
     @staticmethod
-    def check(recipe: Recipe, fresh: bool) -> Layout:
+    def check(recipe: Recipe, fresh: bool, claim: Claim | None = None) -> Layout:
         """Where the run goes and whether it resumes, or UserError with the fix.
 
         Resuming needs a checkpoint and a recipe whose model, data and learners match the saved
@@ -101,6 +160,8 @@ class RunDir:
         if path.exists() and not path.is_dir():
             raise UserError(f"{what} {str(path)!r} exists and is not a directory: choose another {what}")
         if path.is_dir():
+            if claim is not None:  # before anything of it is read: another run may be writing it
+                claim.take(path)
             _check_layout(path)
         storage = RunStorage(location if is_url(location) else str(path))
         try:
@@ -117,13 +178,16 @@ class RunDir:
         return Layout(path, storage, has_checkpoint and not fresh, fresh)
 
     @classmethod
-    def create(cls, layout: Layout, recipe: Recipe) -> RunDir:
+    def create(cls, layout: Layout, recipe: Recipe, claim: Claim | None = None) -> RunDir:
         """The run directory of a start the cluster can hold: emptied with --fresh, the storage marked.
 
         A directory with no earlier run is written at once; one with an earlier run waits for `begin`.
+        `claim`: taken by `check` when the directory existed, here when this start created it.
         """
         path, storage = layout.path, layout.storage
         ensure_writable_dir(path, "run.local_dir" if storage.is_url else "run.dir")
+        if claim is not None:
+            claim.take(path)
         if layout.fresh:  # everything an earlier run wrote: a fresh run's records are its own
             storage.clear_checkpoints()
             for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR, CHAOS_FILE, CONTROL_FILE, MARKER_FILE):

@@ -3,6 +3,7 @@
 The whole flow on the real CLI, with Ctrl-C pressed again and again, is in tests/test_train_e2e.py."""
 
 import gc
+import json
 import os
 import signal
 import time
@@ -71,3 +72,33 @@ def test_an_interrupt_lost_in_a_garbage_collection_callback_while_starting_is_de
     finally:
         gc.callbacks.remove(callback)
     assert fired and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("files", "wall_s", "initial"),
+    [
+        # A lost driver writes no summary: the status it wrote last holds the run's time and first loss.
+        ({"status.json": {"state": "running", "elapsed_s": 31.5, "eval_loss_initial": 5.43}}, 31.5, 5.43),
+        # A clean end writes both; the status is the newer (a run resumed after it, then lost).
+        (
+            {
+                "summary.json": {"status": "completed", "wall_s": 20.0, "eval_loss_initial": 5.43},
+                "status.json": {"state": "running", "elapsed_s": 44.0, "eval_loss_initial": 5.43},
+            },
+            44.0,
+            5.43,
+        ),
+        ({"summary.json": {"status": "interrupted", "wall_s": 20.0, "eval_loss_initial": 5.4}}, 20.0, 5.4),
+    ],
+    ids=["hard-stop", "resumed-then-lost", "summary-only"],
+)
+def test_a_resumed_run_counts_the_earlier_runs_time_and_keeps_its_first_loss(files, wall_s, initial, tmp_path):
+    from dlc.config.schema import Recipe
+    from dlc.engine.driver import Driver
+    from dlc.observe.console import ProgressView
+    from dlc.run.rundir import RunDir
+
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    driver = Driver(Recipe(), RunDir(tmp_path, ""), resume=True, split=None, view=ProgressView(log_every_steps=50))
+    assert driver.prior_wall_s == wall_s and driver.evals.initial == initial

@@ -24,7 +24,7 @@ from dlc.engine.control import start_chaos
 from dlc.engine.evaluations import Evaluations
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
-from dlc.run.files import EVENTS_FILE, GONE_STATES, SUMMARY_FILE, read_json, read_jsonl
+from dlc.run.files import EVENTS_FILE, GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 from dlc.run.rundir import RunDir
 
 EXIT_INTERRUPTED = 130
@@ -135,8 +135,15 @@ class Driver:
             self._rounds_logged = {
                 (e.get("fragment"), e.get("version")) for e in logged if e.get("kind") == "round_closed"
             }
-            previous = read_json(rundir.path / SUMMARY_FILE) or {}
-            self.prior_wall_s = float(previous.get("wall_s", 0.0))
+            # The last status the earlier run wrote: also after a hard stop (a lost driver), which
+            # writes no summary; the summary of an earlier, clean end is older than it.
+            status = read_json(rundir.path / STATUS_FILE) or {}
+            summary = read_json(rundir.path / SUMMARY_FILE) or {}
+            previous = {
+                "wall_s": status.get("elapsed_s", summary.get("wall_s", 0.0)),
+                "eval_loss_initial": status.get("eval_loss_initial", summary.get("eval_loss_initial")),
+            }
+            self.prior_wall_s = float(previous["wall_s"] or 0.0)
         self.evals = Evaluations(recipe.eval.every_steps, self._metric, initial=previous.get("eval_loss_initial"))
 
     # -- lifecycle ---------------------------------------------------------------------------

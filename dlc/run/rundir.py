@@ -84,11 +84,15 @@ class Claim:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def take(self, path: Path) -> None:
-        """Hold `path` (an existing directory) from now on, or UserError when another process does."""
+    def take(self, path: Path, what: str = "run.dir") -> None:
+        """Hold `path` (an existing directory, the recipe's `what`) from now on, or UserError when
+        another process does."""
         if self._fd is not None:
             return
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # not readable: whatever the run cannot do there is refused where it tries
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -96,8 +100,8 @@ class Claim:
             holder = _lock_holder(path)
             by = f" (pid {holder})" if holder else ""
             raise UserError(
-                f"run.dir {str(path)!r} is in use by another dlc train{by}: wait for it to end or stop it "
-                "(Ctrl-C), or choose another run.dir"
+                f"{what} {str(path)!r} is in use by another dlc train{by}: wait for it to end or stop it "
+                f"(Ctrl-C), or choose another {what}"
             ) from None
         except OSError:  # a filesystem without flock: nothing to guard with
             os.close(fd)
@@ -161,7 +165,7 @@ class RunDir:
             raise UserError(f"{what} {str(path)!r} exists and is not a directory: choose another {what}")
         if path.is_dir():
             if claim is not None:  # before anything of it is read: another run may be writing it
-                claim.take(path)
+                claim.take(path, what)
             _check_layout(path)
         storage = RunStorage(location if is_url(location) else str(path))
         try:
@@ -185,9 +189,10 @@ class RunDir:
         `claim`: taken by `check` when the directory existed, here when this start created it.
         """
         path, storage = layout.path, layout.storage
-        ensure_writable_dir(path, "run.local_dir" if storage.is_url else "run.dir")
+        what = "run.local_dir" if storage.is_url else "run.dir"
+        ensure_writable_dir(path, what)
         if claim is not None:
-            claim.take(path)
+            claim.take(path, what)
         if layout.fresh:  # everything an earlier run wrote: a fresh run's records are its own
             storage.clear_checkpoints()
             for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR, CHAOS_FILE, CONTROL_FILE, MARKER_FILE):

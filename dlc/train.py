@@ -15,8 +15,15 @@ from dlc.run.files import syncer_journal_path
 from dlc.run.rundir import Claim, RunDir
 
 
-def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, chaos_plan: Any = None) -> Outcome:
+def run(
+    recipe: Recipe,
+    fresh: bool = False,
+    view: ProgressView | None = None,
+    chaos_plan: Any = None,
+    ends_process: bool = False,
+) -> Outcome:
     """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside.
+    `ends_process`: the process ends with the run (the CLI's), and ignores Ctrl-C once it is over.
 
     Everything that can refuse the start (the memory it needs, the corpus, the compilation cache, the
     run directory and its checkpoints and journal, the cluster and its room for the recipe) is checked
@@ -36,7 +43,7 @@ def run(recipe: Recipe, fresh: bool = False, view: ProgressView | None = None, c
         if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
             plan = fragment_plan(recipe)
             check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
-        with Interrupts() as interrupts:
+        with Interrupts(final=ends_process) as interrupts:
             try:
                 started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
                 # Ray would leave an actor asking for what no node has pending forever: refuse it now.

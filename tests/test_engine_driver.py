@@ -54,6 +54,17 @@ def test_a_run_that_winds_down_by_itself_holds_ctrl_c_and_puts_the_handler_back(
         ctrl_c()
 
 
+def test_a_process_that_ends_with_the_run_ignores_ctrl_c_once_it_is_over():
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with Interrupts(final=True):
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        ctrl_c()
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_an_interrupt_lost_in_a_garbage_collection_callback_while_starting_is_delivered_again(capsys):
     """JAX collects garbage with a callback, where Python prints an exception and drops it."""
     fired = []

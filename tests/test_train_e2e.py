@@ -91,7 +91,7 @@ def test_ctrl_c_pressed_again_and_again_still_ends_cleanly(tmp_path):
         deadline = time.time() + 120
         while proc.poll() is None and time.time() < deadline:
             proc.send_signal(signal.SIGINT)
-            time.sleep(0.2)
+            time.sleep(0.05)
         _, stderr = proc.communicate(timeout=60)
         deadline = time.time() + 15
         while session_processes(proc.pid) and time.time() < deadline:
@@ -100,7 +100,9 @@ def test_ctrl_c_pressed_again_and_again_still_ends_cleanly(tmp_path):
     finally:
         kill_tree(proc)
     assert proc.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr and "still stopping" in stderr, stderr[-3000:]
+    # Whether a Ctrl-C lands in the clean-up (and is answered "still stopping") depends on how long
+    # it takes: tests/test_engine_driver.py pins that answer.
+    assert "Traceback" not in stderr, stderr[-3000:]
     assert "resume with: dlc train" in stderr
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert left == []

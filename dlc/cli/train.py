@@ -58,13 +58,10 @@ def train_command(
         limit_xla_threads(max(learners.xla_threads(i) for i in [None, *range(learners.count)]))
         from dlc.train import run
 
-        outcome = run(loaded, fresh=fresh, chaos_plan=plan)
+        outcome = run(loaded, fresh=fresh, chaos_plan=plan, ends_process=_process_ends_with_command())
     except KeyboardInterrupt:
-        _ignore_ctrl_c()
-        typer.echo("interrupted while starting: nothing was trained", err=True)
-        _end_now_after_a_cut_start()
+        _end_after_a_cut_start()
         raise typer.Exit(130) from None
-    _ignore_ctrl_c()
     summary = outcome.summary
     final, initial = summary.get("eval_loss_final"), summary.get("eval_loss_initial")
     loss = ""
@@ -81,27 +78,25 @@ def train_command(
     raise typer.Exit(outcome.exit_code)
 
 
-def _ignore_ctrl_c() -> None:
-    """The run is over and Ray is stopped: in a process that ends with this command, a Ctrl-C from
-    here on could only cut the report short, or end the process by the signal (while the
-    interpreter exits) instead of with the command's exit code. A caller's process (tests) keeps its
-    handler."""
+def _process_ends_with_command() -> bool:
+    """Whether this process ends with the command (`dlc` itself), not a caller's (tests' CliRunner)."""
     from dlc.cli import app
 
-    if app.process_ends_with_command:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return app.process_ends_with_command
 
 
-def _end_now_after_a_cut_start() -> None:
-    """In a process that ends with this command, end it now, with code 130, after a start cut short.
+def _end_after_a_cut_start() -> None:
+    """Say so; in a process that ends with this command, end it now, with code 130, ignoring Ctrl-C.
 
     A Ctrl-C inside `ray.init` leaves Ray's threads half started; the interpreter's teardown then
     frees JAX's modules while one of them still runs, and crashes (seen: a segfault in jaxlib's
     module deallocation, with Ray's error subscriber polling). Ray is stopped and nothing else is
     left to tear down."""
-    from dlc.cli import app
-
-    if app.process_ends_with_command:
+    ends = _process_ends_with_command()
+    if ends:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    typer.echo("interrupted while starting: nothing was trained", err=True)
+    if ends:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)

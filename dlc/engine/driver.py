@@ -39,11 +39,14 @@ class Interrupts:
     for a clean stop (`requested`) and a second one interrupts at once. After an interrupt, and
     while the run winds down (`hold`), Ctrl-C only says that it is stopping: the summary must be
     written and Ray's processes stopped, and a Ctrl-C that cut that short would leave them running.
-    The handler found is put back at the end. In the main thread only, as every signal handler.
+    The handler found is put back at the end, or, in a process that ends with the run (`final`),
+    Ctrl-C is ignored from then on: it could only turn the exit code into death by the signal while
+    the interpreter exits. In the main thread only, as every signal handler.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, final: bool = False) -> None:
         self.requested = False
+        self.final = final
         self._mode = "starting"  # starting | training | held
         self._previous: Any = None
 
@@ -53,7 +56,7 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.final else self._previous)
         sys.unraisablehook = self._previous_hook
 
     def training(self) -> None:

@@ -192,6 +192,11 @@ class Plan(BaseModel):
     def _timeline_within_duration(self) -> Plan:
         if self.duration_s is None:
             return self
+        if self.duration_s <= self.warmup_s:  # Poisson draws start after it, timeline faults in it are refused
+            raise ValueError(
+                f"duration_s={self.duration_s:g} ends before the warm-up does (warmup_s={self.warmup_s:g}): no "
+                "fault could fire; lengthen duration_s (--duration) or shorten warmup_s (--warmup)"
+            )
         for i, entry in enumerate(self.timeline):
             if entry.at_s > self.duration_s:
                 raise ValueError(

@@ -31,6 +31,7 @@ def _args(**kw: Any) -> dict[str, Any]:
             "plan",
             "seed",
             "duration",
+            "warmup",
         )
     )
     return {**base, "dry_run": False, **kw}
@@ -63,6 +64,11 @@ def test_chaos_command_reports_bad_input(tmp_path: Path, monkeypatch):
         chaos_command(**_args(kill_rate=1.0))
     with pytest.raises(UserError, match=r"--kill-rate=-1.0: Input should be greater than or equal to 0"):
         chaos_command(**_args(kill_rate=-1.0))
+    # The default warm-up (20 s) would take the whole duration: nothing could ever fire.
+    with pytest.raises(UserError, match=r"duration_s=20 ends before the warm-up does \(warmup_s=20\).*--warmup"):
+        chaos_command(**_args(kill_rate=1.0, duration=20.0))
+    with pytest.raises(UserError, match="no run directory with a status.json"):  # a warm-up that leaves room
+        chaos_command(**_args(kill_rate=1.0, duration=20.0, warmup=5.0))
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
     write_status(run, {0: 4242, 1: 4243}, state="completed")

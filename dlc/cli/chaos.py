@@ -32,6 +32,7 @@ OPTION_KEYS = {
     "--kill-node-rate": "kill_node_per_min",
     "--seed": "seed",
     "--duration": "duration_s",
+    "--warmup": "warmup_s",
 }
 
 
@@ -113,6 +114,14 @@ def chaos_command(
             "--duration", help="Stop injecting after this many seconds (default: the plan's, else until the run ends)"
         ),
     ] = None,
+    warmup: Annotated[
+        float | None,
+        typer.Option(
+            "--warmup",
+            help="No fault in the first seconds after every learner trains (default: the plan's, else 20)",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print and record what would be injected; touch nothing.")
     ] = False,
@@ -135,6 +144,7 @@ def chaos_command(
         "--kill-node-rate": kill_node_rate,
         "--seed": seed,
         "--duration": duration,
+        "--warmup": warmup,
     }
     for option, value in given.items():
         if isinstance(value, float) and not math.isfinite(value):  # an infinite rate never stops firing

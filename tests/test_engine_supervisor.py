@@ -156,3 +156,17 @@ def test_a_process_that_fails_its_recovery_is_killed_before_another_starts(rundi
     sup._advance_recoveries()
     assert fake.killed == [failing] and made == [(1, 1), (1, 1)]
     assert sup.slots[1].recovery.actor is second and sup.slots[1].recovery.step == 40
+
+
+def test_a_death_and_the_recovery_are_said_on_the_console(rundir, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "ray", FakeRay())
+    said: list[str] = []
+    rundir.begin()
+    sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), lambda i, s, n: Actor("new"), [], say=said.append)
+    sup.slots[1] = LearnerSlot(handle=None, stream="s1", view={"state": "training", "step": 40, "data_position": 37})
+    sup._on_death(1)
+    assert said == ["learner 1 died at step 40"]
+    sup.slots[1].awaiting_first_push = supervisor_module.time.time() - 3.0
+    sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
+    assert said[1].startswith("learner 1 back: pushing again 3.0") and said[1].endswith("s after it died")
+    assert [e["kind"] for e in events(rundir)][-2:] == ["learner_died", "learner_recovered"]

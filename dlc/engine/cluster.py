@@ -47,6 +47,7 @@ def start_cluster(cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str]
     `env`: variables for every process of an embedded cluster, which inherits them from the driver's
     environment (`devices.embedded_env`); they stay in it, where `devices.inherited_env` finds them.
     """
+    _quiet_worker_deaths()
     if cfg.address:
         _join(cfg.address, cpus_needed)
     else:
@@ -98,6 +99,33 @@ def node_info() -> dict[str, str]:
 
 
 # -- the embedded cluster ------------------------------------------------------------------------
+
+
+# How the raylet's report of a worker process that died begins (then it guesses at causes, the
+# kernel's OOM killer first).
+WORKER_DIED = "A worker died or was killed"
+
+
+def _quiet_worker_deaths() -> None:
+    """Keep the raylet's reports of dead workers off the driver's console; every other error prints.
+
+    Ray's driver prints each error the raylet publishes for its job (`listen_error_messages`); a
+    dead worker's is a paragraph that suggests the OOM killer, printed over the live view after every
+    kill, chaos's included. The supervisor sees each death itself, reports it and restarts the
+    learner. The printer is looked up at each call, so replacing it reaches that thread.
+    """
+    from ray._private import worker
+
+    printer = worker.print_to_stdstream
+    if getattr(printer, "keeps_deaths_quiet", False):
+        return
+
+    def print_but_deaths(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if not any(WORKER_DIED in str(line) for line in data.get("lines", ())):
+            printer(data, ignore_prefix=ignore_prefix)
+
+    print_but_deaths.keeps_deaths_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = print_but_deaths
 
 
 def _start_embedded(num_cpus: int) -> None:

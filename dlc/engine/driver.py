@@ -278,6 +278,7 @@ class Driver:
             agents=self.agents,
             syncer_node=driver_node,
             feasible=self.placement.feasible,
+            say=self.view.message,
         )
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
         # A backend that failed to start (no CUDA plugin, GPU memory taken) ends the run here, in one line.

@@ -38,6 +38,16 @@ from dlc.run.rundir import RunDir
 MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
 
 
+# Events said on the console as they happen: a death, a stall, and the recovery of each.
+TOLD = {
+    "learner_died": "learner {learner} died at step {step}",
+    "learner_stalled": "learner {learner} silent for {silent_s:.1f} s: stalled; the rounds go on without it",
+    "learner_thawed": "learner {learner} answers again, after {silent_s:.1f} s of silence",
+    "learner_recovered": "learner {learner} back: pushing again {after_s:.1f} s after it died",
+    "learner_lost": "learner {learner} lost: {reason}",
+}
+
+
 @dataclass
 class Recovery:
     """A learner being brought back: restarting -> rejoining (copying state) -> registering (with
@@ -86,9 +96,11 @@ class Supervisor:
         agents: Agents | None = None,
         syncer_node: str | None = None,
         feasible: Callable[[int], str | None] | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.recipe = recipe
         self.rundir = rundir
+        self.say = say  # a line on the console (above the live view, or in the log)
         self.syncer = syncer
         self.make_learner = make_learner  # (index, stream_ref, incarnation) -> actor handle
         self.slots: dict[int, LearnerSlot] = {}
@@ -103,6 +115,13 @@ class Supervisor:
         self.syncer_node = syncer_node  # where the syncer runs: the driver's node
         self.feasible = feasible  # (index) -> None, or why no live node can hold that learner now
         self.syncer_pid: int | None = None  # the driver keeps it current
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Record the event; say the ones a person watching the console wants to see at once."""
+        self.rundir.event(kind, **fields)
+        line = TOLD.get(kind)
+        if line is not None and self.say is not None:
+            self.say(line.format(**{k: "?" if v is None else v for k, v in fields.items()}))
 
     # -- membership ------------------------------------------------------------------------
 
@@ -192,7 +211,7 @@ class Supervisor:
             if not ready:
                 if now - slot.last_seen > timeout and slot.override != "stalled":
                     slot.override = "stalled"
-                    self.rundir.event("learner_stalled", learner=i, silent_s=round(now - slot.last_seen, 2))
+                    self._event("learner_stalled", learner=i, silent_s=round(now - slot.last_seen, 2))
                     self.chaos.outcome("stall", i, "detected", after_s=self.chaos.since("stall", i))
                 continue
             ref, slot.poll = slot.poll, None
@@ -203,7 +222,7 @@ class Supervisor:
                 continue
             if slot.override == "stalled":
                 slot.override = None
-                self.rundir.event("learner_thawed", learner=i, silent_s=round(now - slot.last_seen, 2))
+                self._event("learner_thawed", learner=i, silent_s=round(now - slot.last_seen, 2))
                 self.chaos.outcome("stall", i, "recovered", after_s=self.chaos.since("stall", i))
             slot.last_seen = now
             slot.view = result["snapshot"]
@@ -223,7 +242,7 @@ class Supervisor:
                 continue
             if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
                 after = time.time() - slot.awaiting_first_push
-                self.rundir.event("learner_recovered", learner=event["learner"], after_s=round(after, 3))
+                self._event("learner_recovered", learner=event["learner"], after_s=round(after, 3))
                 fault = slot.death_fault
                 self.chaos.outcome(
                     fault, event["learner"], "first_push", after_s=self.chaos.since(fault, event["learner"])
@@ -251,7 +270,7 @@ class Supervisor:
         # died unpushed with it, so the new process reads it again rather than skipping it.
         position = int(slot.view.get("data_position") or 0)
         step = int(slot.view.get("step") or 0)
-        self.rundir.event(
+        self._event(
             "learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"), data_position=position
         )
         self.dead_tokens[i] += slot.view.get("tokens", 0)
@@ -286,7 +305,7 @@ class Supervisor:
         gone): a restart would wait forever for resources that never come. The run goes on without it."""
         slot = self.slots[i]
         slot.override, slot.recovery, slot.view["phase"] = "left", None, None
-        self.rundir.event("learner_lost", learner=i, reason=reason)
+        self._event("learner_lost", learner=i, reason=reason)
         self.chaos.outcome(fault, i, "not_restarted", detail=reason)
 
     def _advance_recoveries(self) -> None:

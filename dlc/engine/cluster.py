@@ -98,9 +98,6 @@ def node_info() -> dict[str, str]:
     }
 
 
-# -- the embedded cluster ------------------------------------------------------------------------
-
-
 # How the raylet's report of a worker process that died begins (then it guesses at causes, the
 # kernel's OOM killer first).
 WORKER_DIED = "A worker died or was killed"
@@ -126,6 +123,9 @@ def _quiet_worker_deaths() -> None:
 
     print_but_deaths.keeps_deaths_quiet = True  # type: ignore[attr-defined]
     worker.print_to_stdstream = print_but_deaths
+
+
+# -- the embedded cluster ------------------------------------------------------------------------
 
 
 def _start_embedded(num_cpus: int) -> None:

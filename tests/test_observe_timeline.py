@@ -116,3 +116,25 @@ def test_a_learner_is_dead_from_the_kill_until_the_engine_sees_it_and_stays_dead
         (45.0, 46.0, "rejoining"),
         (46.0, 50.0, "training"),
     ]
+
+
+def test_a_stall_too_short_for_the_engine_to_see_ends_when_its_learner_is_resumed():
+    """A 4 s stall under the heartbeat timeout leaves no learner_stalled or learner_thawed."""
+    events = [
+        *({"t": 0.0, "kind": "learner_started", "learner": i} for i in range(2)),
+        *({"t": 5.0, "kind": "learner_training", "learner": i} for i in range(2)),
+        {"t": 10.0, "kind": "chaos", "phase": "injected", "fault": "stall", "learner": 0, "duration_s": 4},
+        {"t": 12.0, "kind": "push_accepted", "learner": 1},
+        {"t": 16.0, "kind": "push_accepted", "learner": 0},
+        {"t": 20.0, "kind": "chaos", "phase": "injected", "fault": "stall", "learner": 1, "duration_s": 4},
+    ]
+    intervals = learner_intervals(events, end=30.0)
+    states = {i: [(iv.start, iv.end, iv.state) for iv in intervals if iv.learner == i] for i in range(2)}
+    start = [(0.0, 5.0, "starting"), (5.0, 10.0, "training")]
+    assert states[0] == [*start, (10.0, 14.0, "stalled"), (14.0, 30.0, "training")]
+    assert states[1] == [
+        (0.0, 5.0, "starting"),
+        (5.0, 20.0, "training"),
+        (20.0, 24.0, "stalled"),
+        (24.0, 30.0, "training"),
+    ]

@@ -47,10 +47,13 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
     """Each learner's states from events.jsonl, as consecutive intervals up to `end`.
 
     A slow-down (`learner_slowed`, with its `duration_s`) shows as `slow` over the training it
-    stretched; a learner is `training` again once it ends.
+    stretched; a learner is `training` again once it ends. So does a stall chaos injected for a
+    `duration_s` too short for the engine to see (under the heartbeat timeout: no
+    `learner_stalled`, so no `learner_thawed` either).
     """
     current: dict[int, tuple[float, str]] = {}
     slowed: dict[int, float] = {}  # learner -> when its slow-down ends
+    unseen_stalls: dict[int, float] = {}  # learner -> when a stall the engine has not seen ends
     out: list[Interval] = []
 
     def switch(learner: int, t: float, state: str | None) -> None:
@@ -73,10 +76,19 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             continue
         if not isinstance(learner, int):
             continue
+        for who, until in list(unseen_stalls.items()):  # stalls that ended before this event, unseen
+            if until <= t:
+                del unseen_stalls[who]
+                if current.get(who, (0.0, ""))[1] == "stalled":
+                    switch(who, until, "slow" if who in slowed else "training")
         if kind == "chaos":
             if e.get("phase") == "injected" and e.get("fault") in INJECTED and learner in current:
                 switch(learner, t, INJECTED[e["fault"]])
+                if e["fault"] == "stall" and isinstance(e.get("duration_s"), int | float):
+                    unseen_stalls[learner] = t + float(e["duration_s"])
             continue
+        if kind == "learner_stalled":  # seen: its thaw ends it
+            unseen_stalls.pop(learner, None)
         for who, until in list(slowed.items()):  # slow-downs that ended before this event
             if until <= t:
                 del slowed[who]
@@ -92,6 +104,9 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             if state == "training" and learner in slowed:
                 state = "slow"
             switch(learner, t, state)
+    for learner, until in unseen_stalls.items():
+        if current.get(learner, (0.0, ""))[1] == "stalled" and until < end:
+            switch(learner, until, "slow" if learner in slowed else "training")
     for learner, until in slowed.items():
         if current.get(learner, (0.0, ""))[1] == "slow" and until < end:
             switch(learner, until, "training")

@@ -80,7 +80,7 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             if until <= t:
                 del unseen_stalls[who]
                 if current.get(who, (0.0, ""))[1] == "stalled":
-                    switch(who, until, "slow" if who in slowed else "training")
+                    switch(who, until, "slow" if slowed.get(who, 0.0) > until else "training")
         if kind == "chaos":
             if e.get("phase") == "injected" and e.get("fault") in INJECTED and learner in current:
                 switch(learner, t, INJECTED[e["fault"]])
@@ -106,7 +106,7 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             switch(learner, t, state)
     for learner, until in unseen_stalls.items():
         if current.get(learner, (0.0, ""))[1] == "stalled" and until < end:
-            switch(learner, until, "slow" if learner in slowed else "training")
+            switch(learner, until, "slow" if slowed.get(learner, 0.0) > until else "training")
     for learner, until in slowed.items():
         if current.get(learner, (0.0, ""))[1] == "slow" and until < end:
             switch(learner, until, "training")

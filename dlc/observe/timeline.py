@@ -64,6 +64,15 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
         if state is not None:
             current[learner] = (t, state)
 
+    def lapse(timers: dict[int, float], by: float, state: str) -> None:
+        """Timed states (`slowed`, `unseen_stalls`) that ended by `by`: their learner goes on training,
+        or slow inside a slow-down that outlasts it."""
+        for who, until in list(timers.items()):
+            if until <= by:
+                del timers[who]
+                if current.get(who, (0.0, ""))[1] == state:
+                    switch(who, until, "slow" if slowed.get(who, 0.0) > until else "training")
+
     for e in sorted((e for e in events if isinstance(e.get("t"), int | float)), key=lambda e: e["t"]):
         kind, learner, t = e.get("kind"), e.get("learner"), float(e["t"])
         if kind in ("syncer_died", "syncer_restarted"):
@@ -76,11 +85,7 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             continue
         if not isinstance(learner, int):
             continue
-        for who, until in list(unseen_stalls.items()):  # stalls that ended before this event, unseen
-            if until <= t:
-                del unseen_stalls[who]
-                if current.get(who, (0.0, ""))[1] == "stalled":
-                    switch(who, until, "slow" if slowed.get(who, 0.0) > until else "training")
+        lapse(unseen_stalls, t, "stalled")
         if kind == "chaos":
             if e.get("phase") == "injected" and e.get("fault") in INJECTED and learner in current:
                 switch(learner, t, INJECTED[e["fault"]])
@@ -89,11 +94,7 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             continue
         if kind == "learner_stalled":  # seen: its thaw ends it
             unseen_stalls.pop(learner, None)
-        for who, until in list(slowed.items()):  # slow-downs that ended before this event
-            if until <= t:
-                del slowed[who]
-                if current.get(who, (0.0, ""))[1] == "slow":
-                    switch(who, until, "training")
+        lapse(slowed, t, "slow")
         if kind == "learner_slowed":
             duration = e.get("duration_s")
             slowed[learner] = t + float(duration) if isinstance(duration, int | float) else float("inf")
@@ -104,12 +105,8 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
             if state == "training" and learner in slowed:
                 state = "slow"
             switch(learner, t, state)
-    for learner, until in unseen_stalls.items():
-        if current.get(learner, (0.0, ""))[1] == "stalled" and until < end:
-            switch(learner, until, "slow" if slowed.get(learner, 0.0) > until else "training")
-    for learner, until in slowed.items():
-        if current.get(learner, (0.0, ""))[1] == "slow" and until < end:
-            switch(learner, until, "training")
+    lapse(unseen_stalls, end, "stalled")
+    lapse(slowed, end, "slow")
     for learner in list(current):
         switch(learner, end, None)
     return _joined(sorted(out, key=lambda i: (i.learner, i.start)))

@@ -132,7 +132,7 @@ class Driver:
 
         self.has_global_model = get_algorithm(recipe.algorithm).global_model
         self._rounds_logged: set[tuple[int, int]] = set()  # (fragment, version) in events.jsonl
-        previous: dict[str, Any] = {}
+        initial = None  # the run's first eval loss, kept across resumes
         if resume:
             logged, _ = read_jsonl(rundir.path / EVENTS_FILE)
             self._rounds_logged = {
@@ -142,12 +142,9 @@ class Driver:
             # writes no summary; the summary of an earlier, clean end is older than it.
             status = read_json(rundir.path / STATUS_FILE) or {}
             summary = read_json(rundir.path / SUMMARY_FILE) or {}
-            previous = {
-                "wall_s": status.get("elapsed_s", summary.get("wall_s", 0.0)),
-                "eval_loss_initial": status.get("eval_loss_initial", summary.get("eval_loss_initial")),
-            }
-            self.prior_wall_s = float(previous["wall_s"] or 0.0)
-        self.evals = Evaluations(recipe.eval.every_steps, self._metric, initial=previous.get("eval_loss_initial"))
+            self.prior_wall_s = float(status.get("elapsed_s", summary.get("wall_s")) or 0.0)
+            initial = status.get("eval_loss_initial", summary.get("eval_loss_initial"))
+        self.evals = Evaluations(recipe.eval.every_steps, self._metric, initial=initial)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

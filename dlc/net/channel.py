@@ -2,7 +2,7 @@
 
 Every Ray actor call costs its two processes about a millisecond of CPU between them, whatever it
 carries (`bench/ray_calls.py`), and at one fragment a step a learner step takes three: the
-syncer's request, the push and the merged fragment. A pickled message on a socket costs about a
+syncer's request, the push and the merged fragment. A message on a socket costs about a
 seventh of that. So with `syncer.channel: direct` the syncer listens on its node's address, every
 learner process connects to it, and requests, pushes, merged fragments and heartbeats travel on
 that one connection. Ray still starts, places, watches and restarts the processes and carries
@@ -10,8 +10,9 @@ everything else (state copies, polls, control); the transport's link emulation s
 these channels as it does in front of actor calls.
 
 A connection is served only after it proves it holds the run's key (the HMAC challenge of
-`multiprocessing.connection`); learners get the key from the syncer through Ray. Messages are
-pickled, so nothing is unpickled before that proof.
+`multiprocessing.connection`); learners get the key from the syncer through Ray. The messages of
+every step travel in fixed layouts, the rest pickled (`dlc.net.wire`), and nothing is read before
+that proof.
 
 Failures keep the semantics of fire-and-forget actor calls: a message to or from a process that
 died is lost, never an error for the sender, and nobody waits on a frozen process. Each learner's
@@ -20,8 +21,8 @@ own socket), held until its process connects; a new member or a new incarnation 
 queue. A message the learner's socket takes whole is written on the syncer's thread that sends it
 (a thread woken per message costs a busy core more than the write); the port's thread finishes
 one the socket does not take, and sends what queues behind it. A message going to every member
-is pickled once. A learner whose connection breaks connects again (`Uplink.connected`); pushes the syncer
-never acknowledged are re-sent by the learner's protocol, as after a syncer restart.
+is encoded once. A learner whose connection breaks connects again (`Uplink.connected`); pushes the
+syncer never acknowledged are re-sent by the learner's protocol, as after a syncer restart.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from multiprocessing.connection import (
     answer_challenge,
     deliver_challenge,
 )
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+from dlc.net import wire
 
 # Errors of a connection that closed, broke or was hung up on: the peer is gone.
 _GONE = (EOFError, OSError, ValueError, AuthenticationError)
@@ -87,14 +89,14 @@ def _hang_up(conn: Connection) -> None:
         pass
 
 
-Frame = list[memoryview]  # a message as `Connection.recv` reads it: a header, then the pickle
+Frame = list[memoryview]  # a message as `Connection.recv_bytes` reads it: a header, then its bytes
 # The most buffers one sendmsg takes (a batch of many messages is written in several calls).
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _frame(message: Any) -> Frame:
-    """`message` pickled and framed as `multiprocessing.connection.Connection.send` frames it."""
-    body = ForkingPickler.dumps(message)
+    """`message` as `dlc.net.wire` writes it, framed as `multiprocessing.connection.Connection.send_bytes` frames it."""
+    body = wire.dumps(message)
     n = len(body)
     header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
     return [memoryview(header), memoryview(body)]
@@ -386,7 +388,7 @@ class Hub:
             if port is not None:  # a non-member's messages up are still handled; nothing goes down
                 port.attach(peer)
             while True:
-                message = conn.recv()
+                message = wire.loads(conn.recv_bytes())
                 peer.received += 1
                 if isinstance(message, Barrier):  # everything sent before it has been handled
                     peer.send(_frame(message))
@@ -450,7 +452,7 @@ class Uplink:
             return
         try:
             with self._send_lock:
-                conn.send(message)
+                conn.send_bytes(wire.dumps(message))
         except _GONE:
             self._lost(conn)
 
@@ -490,7 +492,7 @@ class Uplink:
     def _read(self, conn: Connection) -> None:
         try:
             while True:
-                message = conn.recv()
+                message = wire.loads(conn.recv_bytes())
                 if isinstance(message, Barrier):
                     done = self._barriers.pop(message.token, None)
                     if done is not None:

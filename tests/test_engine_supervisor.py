@@ -170,3 +170,16 @@ def test_a_death_and_the_recovery_are_said_on_the_console(rundir, monkeypatch):
     sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
     assert said[1].startswith("learner 1 back: pushing again 3.0") and said[1].endswith("s after it died")
     assert [e["kind"] for e in events(rundir)][-2:] == ["learner_died", "learner_recovered"]
+
+
+def test_a_console_line_whose_figure_is_unknown_reads_a_question_mark(rundir):
+    said: list[str] = []
+    rundir.begin()
+    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[], say=said.append)
+    sup._event("learner_stalled", learner=2, silent_s=None)  # a number format, no number
+    sup._event("learner_died", learner=3, step=None)
+    assert said == [
+        "learner 2 silent for ? s: stalled; the rounds go on without it",
+        "learner 3 died at step ?",
+    ]
+    assert [e["kind"] for e in events(rundir)][-2:] == ["learner_stalled", "learner_died"]

@@ -18,6 +18,7 @@ learner's slot is taken over by a ready spare, which skips the process start and
 from __future__ import annotations
 
 import contextlib
+import string
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +47,16 @@ TOLD = {
     "learner_recovered": "learner {learner} back: pushing again {after_s:.1f} s after it died",
     "learner_lost": "learner {learner} lost: {reason}",
 }
+
+
+class _Told(string.Formatter):
+    """The console's lines: a field the event does not know (None) reads "?", whatever its format."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        return "?" if value is None else super().format_field(value, format_spec)
+
+
+_TOLD_FORMAT = _Told()
 
 
 @dataclass
@@ -121,7 +132,7 @@ class Supervisor:
         self.rundir.event(kind, **fields)
         line = TOLD.get(kind)
         if line is not None and self.say is not None:
-            self.say(line.format(**{k: "?" if v is None else v for k, v in fields.items()}))
+            self.say(_TOLD_FORMAT.format(line, **fields))
 
     # -- membership ------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlc.observe.timeline import SYNCER, Interval, learner_intervals, window_for, windowed_goodput
+from dlc.observe.timeline import SYNCER, Interval, learner_intervals, row_order, window_for, windowed_goodput
 
 
 def test_a_fault_shows_in_windowed_goodput_where_the_cumulative_figure_hides_it():
@@ -138,3 +138,30 @@ def test_a_stall_too_short_for_the_engine_to_see_ends_when_its_learner_is_resume
         (20.0, 24.0, "stalled"),
         (24.0, 30.0, "training"),
     ]
+
+
+def test_a_hot_spare_has_a_row_until_it_takes_a_slot_and_its_replacement_one_after():
+    events = [
+        {"t": 0.0, "kind": "learner_started", "learner": 0},
+        {"t": 0.0, "kind": "spare_started", "spare": "s0"},
+        {"t": 5.0, "kind": "learner_training", "learner": 0},
+        {"t": 8.0, "kind": "spare_ready", "spare": "s0", "after_s": 8.0},
+        {"t": 20.0, "kind": "learner_died", "learner": 0},
+        {"t": 20.5, "kind": "spare_taken", "spare": "s0", "learner": 0, "ready": True},
+        {"t": 20.5, "kind": "spare_started", "spare": "s1"},
+        {"t": 21.0, "kind": "learner_training", "learner": 0},
+        {"t": 25.0, "kind": "syncer_died"},
+        {"t": 27.0, "kind": "syncer_restarted"},
+    ]
+    assert learner_intervals(events, end=30.0) == [
+        Interval(SYNCER, 25.0, 27.0, "restarting"),
+        Interval(0, 0.0, 5.0, "starting"),
+        Interval(0, 5.0, 20.0, "training"),
+        Interval(0, 20.0, 21.0, "restarting"),
+        Interval(0, 21.0, 30.0, "training"),
+        Interval("s0", 0.0, 8.0, "starting"),
+        Interval("s0", 8.0, 20.5, "spare"),
+        Interval("s1", 20.5, 30.0, "starting"),
+    ]
+    rows = sorted({i.learner for i in learner_intervals(events, end=30.0)}, key=row_order)
+    assert rows == [0, "s0", "s1", SYNCER]  # the report's rows, top to bottom

@@ -17,7 +17,7 @@ import numpy as np
 
 from dlc.observe.console import fmt_duration
 from dlc.observe.reader import count_params, device_summary, dp_equivalent_bytes, lifecycle_entry, read_recipe
-from dlc.observe.timeline import STATES, SYNCER, Interval, learner_intervals, window_for, windowed_goodput
+from dlc.observe.timeline import STATES, SYNCER, Interval, learner_intervals, row_order, window_for, windowed_goodput
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
 FIGSIZE_IN = (8.0, 4.5)
@@ -255,6 +255,7 @@ STATE_COLORS = {
     "dead": "0.2",
     "restarting": "tab:red",
     "rejoining": "tab:orange",
+    "spare": "lightsteelblue",
 }
 
 
@@ -272,14 +273,14 @@ def plot_timeline(run: RunData, out: Path) -> Path:
     top.plot(x / 60, 100 * y, color="k", lw=1)
     top.set(ylabel="%", ylim=(0, 110), title=f"{run.label}: {ylabel.removesuffix(' (%)')}; learner states")
     top.grid(alpha=0.3)
-    learners = sorted({i.learner for i in run.intervals}, key=lambda i: (i == SYNCER, i))
+    learners = sorted({i.learner for i in run.intervals}, key=row_order)
     for row, learner in enumerate(learners):
         spans = [i for i in run.intervals if i.learner == learner]
         for state in STATES:
             bars = [((i.start - run.t0) / 60, (i.end - i.start) / 60) for i in spans if i.state == state]
             if bars:
                 bottom.broken_barh(bars, (row - 0.4, 0.8), color=STATE_COLORS[state])
-    names = ["syncer" if i == SYNCER else f"learner {i}" for i in learners]
+    names = ["syncer" if i == SYNCER else f"spare {i}" if isinstance(i, str) else f"learner {i}" for i in learners]
     bottom.set(xlabel="wall time (min)", yticks=range(len(learners)), yticklabels=names)
     bottom.invert_yaxis()
     bottom.grid(alpha=0.3, axis="x")

@@ -28,35 +28,39 @@ STATE_AFTER = {
     "learner_left": None,
     "learner_stopped": None,
 }
+# A hot spare's events -> its state from then on: started, then compiled and idle ("spare") until
+# it takes a slot (its work goes on in that learner's row) or dies.
+SPARE_STATE_AFTER = {"spare_started": "starting", "spare_ready": "spare", "spare_taken": None, "spare_died": None}
 # Faults chaos injected (events.jsonl "chaos" records) -> the state they put their learner in at
 # once, before the engine notices (a death is seen within a second, a stall after the heartbeat timeout).
 INJECTED = {"kill": "dead", "stall": "stalled"}
-STATES = ("starting", "training", "slow", "stalled", "dead", "restarting", "rejoining")
+STATES = ("starting", "training", "slow", "stalled", "dead", "restarting", "rejoining", "spare")
 SYNCER = -1  # the row of the syncer, shown only while it restarts after a death
 
 
 @dataclass(frozen=True)
 class Interval:
-    learner: int
+    learner: int | str  # a learner's index, SYNCER, or a hot spare's name ("s0")
     start: float  # unix seconds
     end: float
     state: str
 
 
 def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval]:
-    """Each learner's states from events.jsonl, as consecutive intervals up to `end`.
+    """Each learner's states from events.jsonl, as consecutive intervals up to `end`; a hot spare's
+    (named by its name) from its start until it takes a slot.
 
     A slow-down (`learner_slowed`, with its `duration_s`) shows as `slow` over the training it
     stretched; a learner is `training` again once it ends. So does a stall chaos injected for a
     `duration_s` too short for the engine to see (under the heartbeat timeout: no
     `learner_stalled`, so no `learner_thawed` either).
     """
-    current: dict[int, tuple[float, str]] = {}
+    current: dict[int | str, tuple[float, str]] = {}
     slowed: dict[int, float] = {}  # learner -> when its slow-down ends
     unseen_stalls: dict[int, float] = {}  # learner -> when a stall the engine has not seen ends
     out: list[Interval] = []
 
-    def switch(learner: int, t: float, state: str | None) -> None:
+    def switch(learner: int | str, t: float, state: str | None) -> None:
         if learner in current:
             start, was = current.pop(learner)
             if t > start:
@@ -77,6 +81,9 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
         kind, learner, t = e.get("kind"), e.get("learner"), float(e["t"])
         if kind in ("syncer_died", "syncer_restarted"):
             switch(SYNCER, t, "restarting" if kind == "syncer_died" else None)
+            continue
+        if kind in SPARE_STATE_AFTER and isinstance(e.get("spare"), str):
+            switch(e["spare"], t, SPARE_STATE_AFTER[kind])
             continue
         if kind == "node_killed":  # every learner on one node at once
             for victim in e.get("learners") or []:
@@ -109,7 +116,14 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
     lapse(slowed, end, "slow")
     for learner in list(current):
         switch(learner, end, None)
-    return _joined(sorted(out, key=lambda i: (i.learner, i.start)))
+    return _joined(sorted(out, key=lambda i: (isinstance(i.learner, str), i.learner, i.start)))
+
+
+def row_order(row: int | str) -> tuple[int, int | str]:
+    """Learners by index, then hot spares by name, then the syncer."""
+    if row == SYNCER:
+        return (2, 0)
+    return (1, row) if isinstance(row, str) else (0, row)
 
 
 def _joined(intervals: list[Interval]) -> list[Interval]:

@@ -17,7 +17,15 @@ import numpy as np
 
 from dlc.observe.console import fmt_duration
 from dlc.observe.reader import count_params, device_summary, dp_equivalent_bytes, lifecycle_entry, read_recipe
-from dlc.observe.timeline import STATES, SYNCER, Interval, learner_intervals, row_order, window_for, windowed_goodput
+from dlc.observe.timeline import (
+    STATES,
+    Interval,
+    learner_intervals,
+    row_name,
+    row_order,
+    window_for,
+    windowed_goodput,
+)
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
 FIGSIZE_IN = (8.0, 4.5)
@@ -280,8 +288,7 @@ def plot_timeline(run: RunData, out: Path) -> Path:
             bars = [((i.start - run.t0) / 60, (i.end - i.start) / 60) for i in spans if i.state == state]
             if bars:
                 bottom.broken_barh(bars, (row - 0.4, 0.8), color=STATE_COLORS[state])
-    names = ["syncer" if i == SYNCER else f"spare {i}" if isinstance(i, str) else f"learner {i}" for i in learners]
-    bottom.set(xlabel="wall time (min)", yticks=range(len(learners)), yticklabels=names)
+    bottom.set(xlabel="wall time (min)", yticks=range(len(learners)), yticklabels=[row_name(i) for i in learners])
     bottom.invert_yaxis()
     bottom.grid(alpha=0.3, axis="x")
     shown = [s for s in STATES if any(i.state == s for i in run.intervals)]

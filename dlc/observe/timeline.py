@@ -126,6 +126,13 @@ def row_order(row: int | str) -> tuple[int, int | str]:
     return (1, row) if isinstance(row, str) else (0, row)
 
 
+def row_name(row: int | str) -> str:
+    """How a row of `learner_intervals` is labelled."""
+    if row == SYNCER:
+        return "syncer"
+    return f"spare {row}" if isinstance(row, str) else f"learner {row}"
+
+
 def _joined(intervals: list[Interval]) -> list[Interval]:
     """Consecutive intervals of one learner in one state as one: a stall chaos injected and then
     seen by the engine, a learner dead from its node's loss and then not restarted."""

@@ -1,6 +1,6 @@
 """The learner's device functions against the host code they replace: what `extract` sends is the
 host codec's encoding of anchor - theta, and `swap` writes one fragment and nothing else, in either
-layout of the fragments (a learner on CPU uses windows)."""
+layout of the fragments (a learner on CPU uses pieces)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def host_anchor(flat, plan, rng):
     return [plan.gather(flat, p) + rng.normal(0, 1e-2, plan.size(p)).astype(np.float32) for p in range(7)]
 
 
-@pytest.mark.parametrize("layout", ["windows", "concat"])
+@pytest.mark.parametrize("layout", ["pieces", "concat"])
 @pytest.mark.parametrize("codec", ["none", "bf16", "int8", "int4"])
 def test_extract_sends_the_host_codecs_encoding_of_anchor_minus_theta(model, codec, layout):
     params, flat, plan = model
@@ -62,7 +62,7 @@ def test_extract_sends_the_host_codecs_encoding_of_anchor_minus_theta(model, cod
             np.testing.assert_array_equal(sent.payload, expected.payload)
 
 
-@pytest.mark.parametrize("layout", ["windows", "concat"])
+@pytest.mark.parametrize("layout", ["pieces", "concat"])
 def test_swap_writes_one_fragment_in_each_adoption_mode(model, layout):
     params, flat, plan = model
     ops = FragmentOps(plan, params, "int4", BLOCK, layout=layout)
@@ -81,15 +81,32 @@ def test_swap_writes_one_fragment_in_each_adoption_mode(model, layout):
         assert {k: v.dtype for k, v in out.items()} == {k: v.dtype for k, v in flat.items()}
 
 
-def test_a_cpu_learner_reads_and_writes_windows(model):
+def test_a_cpu_learner_reads_and_writes_pieces(model):
     params, _, plan = model
-    assert FragmentOps(plan, params, "int4", BLOCK).layout == "windows"
+    assert FragmentOps(plan, params, "int4", BLOCK).layout == "pieces"
 
 
-def test_windows_serve_a_fragment_holding_two_pieces_of_one_tensor(model):
+def test_fragments_of_one_make_up_share_a_pair_and_a_write_keeps_every_other_leaf():
+    recipe = load_recipe(TINY, [])
+    _, params = build_model(recipe.model, seed=0)
+    plan = FragmentPlan.build(shapes_of(flatten_params(params)), 24)
+    ops = FragmentOps(plan, params, "int4", 64)
+    assert ops.groups < 12  # the tiny model's 24 fragments fall into 9 shapes
+    assert len(set(ops.group)) == ops.groups
+    before = jax.tree_util.tree_leaves(params)
+    current = jax.tree_util.tree_map(lambda x: x.copy(), params)
+    kept = jax.tree_util.tree_leaves(current)
+    after = jax.tree_util.tree_leaves(ops.write(current, 5, ops.to_device(5, np.zeros(plan.size(5), np.float32))))
+    touched = set(ops.slots[5])
+    assert 0 < len(touched) < len(before)
+    for i, (old, new) in enumerate(zip(kept, after, strict=True)):
+        assert (new is old) == (i not in touched)  # the same arrays: no copy of what p has no piece of
+
+
+def test_pieces_serve_a_fragment_holding_two_pieces_of_one_tensor(model):
     params, flat, _ = model
-    # Fragment 0: the embedding's first 10 rows and its last 56 (a window that must end at the
-    # tensor's end); fragment 1: the rows between and every other tensor.
+    # Fragment 0: the embedding's first 10 rows and its last 56 (two pieces of one leaf, which the
+    # functions take once); fragment 1: the rows between and every other tensor.
     shapes = tuple(sorted(shapes_of(flat).items()))
     rows = dict(shapes)["embed/embedding"][0]
     others = tuple(Piece(name, 0, shape[0] if shape else 1) for name, shape in shapes if name != "embed/embedding")
@@ -100,7 +117,7 @@ def test_windows_serve_a_fragment_holding_two_pieces_of_one_tensor(model):
             (Piece("embed/embedding", 10, 200), *others),
         ),
     )
-    ops = FragmentOps(plan, params, "none", BLOCK, layout="windows")
+    ops = FragmentOps(plan, params, "none", BLOCK, layout="pieces")
     rng = np.random.default_rng(2)
     for p in range(2):
         _, _, theta_M = ops.push(params, p, ops.to_device(p, np.zeros(plan.size(p), np.float32)))

@@ -1,26 +1,28 @@
-"""Fragments read and written on the device: one jitted function each way, compiled once.
+"""Fragments read and written on the device: jitted functions compiled once, dispatched after the step.
 
 A learner sends fragment p as `encode(anchor[p] - theta[p])` and takes a merged fragment back by
 overwriting theta[p]. Done on the host, each costs a round trip of the fragment and, worse, a wait
 for the step in flight. Here both are jitted functions dispatched after the step like the step
 itself:
 
-- `extract(params, anchor_M, table)` gathers fragment p out of the parameters, subtracts it
-  from its anchor and encodes the difference with the run's codec (bf16 bits, or int4/int8 codes
-  and one scale per block); the result is read on the host later, by whoever sends it;
-- `swap(params, table, value_M, ref_M, a, b)` writes `value + a * theta - b * ref` into
-  fragment p, donating the parameters, so the adoption modes (replace, mix, rebase) are one
-  function and the update happens in place.
+- `extract(leaves, anchor_M, table)` gathers fragment p out of the parameters, subtracts it from
+  its anchor and encodes the difference with the run's codec (bf16 bits, or int4/int8 codes and
+  one scale per block); the result is read on the host later, by whoever sends it;
+- `swap(leaves, table, value_M, ref_M, a, b)` writes `value + a * theta - b * ref` into fragment
+  p, donating the leaves it takes, so the adoption modes (replace, mix, rebase) are one function
+  and the update happens in place.
 
-Every fragment is padded to the same length M and named by a table, so neither function is
-compiled more than once, whatever fragment it gets. Two layouts of that table:
+Every fragment is padded to the same length M, and where its pieces lie is an argument (`table`),
+so no function compiles again whatever fragment it gets. Two layouts:
 
-- `windows` (on CPU): for each slot (a leaf's k-th piece in a fragment), a window of the leaf as
-  wide as the slot's widest piece, of which the table marks fragment p's part. The functions read
-  and write those windows, never a copy of the whole model: on one core an extraction followed by
-  a write, a tiny learner's step boundary, costs 227 us of CPU against 568 with `concat`.
-- `concat` (on GPU): an index vector into the concatenation of every parameter. The copies are a
-  few fused kernels there; windows, a kernel or more per slot, have not been measured on a GPU.
+- `pieces` (on CPU): the functions take only the leaves fragment p has pieces of, and slice those
+  pieces. Fragments whose pieces have the same shapes (the tiny recipe's 24 fall into 9 such
+  groups) share one compiled pair. A call passes a few arrays and touches a 24th of the model; on
+  one core that takes the two functions from 1.5 ms of CPU a step to nothing measurable
+  (`bench/RESULTS.md`, session 19), for about a second more of compiling without a cache.
+- `concat` (on GPU): one pair for every fragment, taking every leaf; an index vector into the
+  concatenation of every parameter. The copies are a few fused kernels there; `pieces` has not
+  been measured on a GPU.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def encode_on_device(codec: str, block_size: int, x_M: jax.Array) -> tuple[jax.A
 
 
 class _Leaves(NamedTuple):
-    """A parameter tree's leaves, in `jax.tree_util.tree_leaves` order, as both layouts see them."""
+    """A parameter tree's leaves, in `jax.tree_util.tree_leaves` order."""
 
     index: dict[str, int]  # "a/b/c" name -> position
     sizes: list[int]
@@ -89,114 +91,124 @@ class _Leaves(NamedTuple):
             jax.tree_util.tree_structure(like),
         )
 
-    def tree(self, flats: list[jax.Array]) -> Params:
-        """The tree of these leaves from their flat values, in their shapes and dtypes."""
-        leaves = [
-            f.reshape(shape).astype(dtype) for f, shape, dtype in zip(flats, self.shapes, self.dtypes, strict=True)
-        ]
-        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+class Layout(NamedTuple):
+    """How the functions find each fragment: fragment p is served by the pair `functions[group[p]]`,
+    called with the leaves `slots[p]` (positions in `tree_leaves` order) and `tables[p]`."""
+
+    functions: list[tuple[Any, Any]]  # (extract, swap) per group
+    group: list[int]
+    slots: list[tuple[int, ...]]
+    tables: list[np.ndarray]
 
 
-def _windowed(
-    plan: FragmentPlan, like: Params, M: int, codec: str, block_size: int
-) -> tuple[list[np.ndarray], Any, Any]:
-    """Per-fragment tables and the two functions, reading and writing windows of the leaves.
+def _by_pieces(plan: FragmentPlan, like: Params, M: int, codec: str, block_size: int) -> Layout:
+    """A pair of functions per shape of fragment, taking only the leaves a fragment has pieces of.
 
-    Fragment p's k-th piece of a leaf is that leaf's slot k: a window as wide as the slot's widest
-    piece in any fragment. Row k of p's table gives where p's piece starts in the leaf, where in
-    the fragment's vector, and its length (0: p has none).
+    A fragment's shape is the shapes and dtypes of those leaves, in order, and which leaf and how
+    many values each of its pieces takes; where each piece starts in its leaf and in the fragment
+    vector is its table, a `(pieces, 2)` int32 array. Pieces are put in a canonical order (by leaf
+    shape and length) so that fragments of the same make-up share a pair.
     """
     leaves = _Leaves.of(like)
-    pieces: list[dict[tuple[int, int], tuple[int, int, int]]] = []  # per fragment: slot -> piece
+    groups: dict[Any, int] = {}
+    functions, group, slots, tables = [], [], [], []
     for p in range(plan.num_fragments):
-        mine, seen = {}, [0] * len(leaves.sizes)
-        for span in plan.spans(p):
-            i = leaves.index[span.name]
-            mine[(i, seen[i])] = (span.start, span.offset, span.length)
-            seen[i] += 1
-        pieces.append(mine)
-    slots = sorted({slot for mine in pieces for slot in mine})
-    widths = [max(mine[slot][2] for mine in pieces if slot in mine) for slot in slots]
-    tables = [np.array([mine.get(slot, (0, 0, 0)) for slot in slots], np.int32) for mine in pieces]
-    pad = max(widths)  # the fragment vectors' margin: no window reaches past it
+        spans = sorted(
+            plan.spans(p),
+            key=lambda s: (
+                leaves.shapes[leaves.index[s.name]],
+                str(leaves.dtypes[leaves.index[s.name]]),
+                s.length,
+                leaves.index[s.name],
+                s.start,
+            ),
+        )
+        mine = list(dict.fromkeys(leaves.index[s.name] for s in spans))  # leaves, first seen first
+        spec = tuple((mine.index(leaves.index[s.name]), s.length) for s in spans)
+        key = (tuple((leaves.shapes[i], str(leaves.dtypes[i])) for i in mine), spec)
+        if key not in groups:
+            groups[key] = len(functions)
+            functions.append(_piece_functions(spec, [leaves.shapes[i] for i in mine], M, codec, block_size))
+        group.append(groups[key])
+        slots.append(tuple(mine))
+        tables.append(np.array([(s.start, s.offset) for s in spans], np.int32).reshape(-1, 2))
+    return Layout(functions, group, slots, tables)
 
-    def windows(table: jax.Array) -> Any:
-        """Per slot: its leaf and width, the window's start in the leaf, where the window's values
-        sit in a fragment vector padded by `pad` on both sides, and which of them are the piece's."""
-        for k, ((i, _), width) in enumerate(zip(slots, widths, strict=True)):
-            start, at, length = table[k, 0], table[k, 1], table[k, 2]
-            begin = jnp.minimum(start, leaves.sizes[i] - width)  # the window ends inside the leaf
-            offset = start - begin
-            io = jnp.arange(width)
-            yield i, width, begin, at - offset + pad, (io >= offset) & (io < offset + length)
 
-    def extract(params: Params, anchor_M: jax.Array, table: jax.Array) -> tuple[jax.Array, ...]:
-        flats = [x.reshape(-1).astype(jnp.float32) for x in jax.tree_util.tree_leaves(params)]
-        theta = jnp.zeros(M + 2 * pad, jnp.float32)
-        for i, width, begin, at, mine in windows(table):
-            piece = jax.lax.dynamic_slice(flats[i], (begin,), (width,))
-            here = jax.lax.dynamic_slice(theta, (at,), (width,))
-            theta = jax.lax.dynamic_update_slice(theta, jnp.where(mine, piece, here), (at,))
-        theta_M = theta[pad : pad + M]
+def _piece_functions(
+    spec: tuple[tuple[int, int], ...], shapes: list[tuple[int, ...]], M: int, codec: str, block_size: int
+) -> tuple[Any, Any]:
+    """The pair for one shape of fragment: piece k is `spec[k] = (leaf, length)`, starting at
+    `table[k, 0]` in that leaf's flat values and at `table[k, 1]` in the fragment vector."""
+
+    def extract(leaves: list[jax.Array], anchor_M: jax.Array, table: jax.Array) -> tuple[jax.Array, ...]:
+        flats = [x.reshape(-1).astype(jnp.float32) for x in leaves]
+        theta_M = jnp.zeros(M, jnp.float32)
+        for k, (j, n) in enumerate(spec):
+            piece = jax.lax.dynamic_slice(flats[j], (table[k, 0],), (n,))
+            theta_M = jax.lax.dynamic_update_slice(theta_M, piece, (table[k, 1],))
         payload, scales = encode_on_device(codec, block_size, anchor_M - theta_M)
         return payload, scales, theta_M
 
     def swap(
-        params: Params, table: jax.Array, value_M: jax.Array, ref_M: jax.Array, a: jax.Array, b: jax.Array
-    ) -> Params:
-        flats = [x.reshape(-1) for x in jax.tree_util.tree_leaves(params)]
-        margin = jnp.zeros(pad, jnp.float32)
-        value, ref = jnp.concatenate([margin, value_M, margin]), jnp.concatenate([margin, ref_M, margin])
-        for i, width, begin, at, mine in windows(table):
-            old = jax.lax.dynamic_slice(flats[i], (begin,), (width,)).astype(jnp.float32)
-            v, r = jax.lax.dynamic_slice(value, (at,), (width,)), jax.lax.dynamic_slice(ref, (at,), (width,))
-            new = jnp.where(mine, v + a * old - b * r, old).astype(leaves.dtypes[i])
-            flats[i] = jax.lax.dynamic_update_slice(flats[i], new, (begin,))
-        return leaves.tree(flats)
+        leaves: list[jax.Array], table: jax.Array, value_M: jax.Array, ref_M: jax.Array, a: jax.Array, b: jax.Array
+    ) -> list[jax.Array]:
+        flats = [x.reshape(-1) for x in leaves]
+        for k, (j, n) in enumerate(spec):
+            start, at = table[k, 0], table[k, 1]
+            old = jax.lax.dynamic_slice(flats[j], (start,), (n,)).astype(jnp.float32)
+            value, ref = jax.lax.dynamic_slice(value_M, (at,), (n,)), jax.lax.dynamic_slice(ref_M, (at,), (n,))
+            new = (value + a * old - b * ref).astype(flats[j].dtype)
+            flats[j] = jax.lax.dynamic_update_slice(flats[j], new, (start,))
+        return [f.reshape(shape) for f, shape in zip(flats, shapes, strict=True)]
 
-    return tables, extract, swap
+    return extract, swap
 
 
-def _concatenated(
-    plan: FragmentPlan, like: Params, M: int, codec: str, block_size: int
-) -> tuple[list[np.ndarray], Any, Any]:
-    """Per-fragment index vectors into the concatenation of every parameter (padding points one
-    past the end: gathered as zero, never written) and the two functions, which concatenate."""
-    leaves = _Leaves.of(like)
-    firsts = np.cumsum([0, *leaves.sizes[:-1]]).tolist()  # each leaf's first index in the concatenation
-    total = sum(leaves.sizes)
+def _concatenated(plan: FragmentPlan, like: Params, M: int, codec: str, block_size: int) -> Layout:
+    """One pair for every fragment, taking every leaf: per-fragment index vectors into the
+    concatenation of every parameter (padding points one past the end: gathered as zero, never
+    written)."""
+    info = _Leaves.of(like)
+    firsts = np.cumsum([0, *info.sizes[:-1]]).tolist()  # each leaf's first index in the concatenation
+    total = sum(info.sizes)
     indices = []
     for p in range(plan.num_fragments):
         parts = [np.zeros(0, np.int32)]
         for span in plan.spans(p):
-            begin = firsts[leaves.index[span.name]] + span.start
+            begin = firsts[info.index[span.name]] + span.start
             parts.append(np.arange(begin, begin + span.length, dtype=np.int32))
         flat = np.concatenate(parts)
         index = np.full(M, total, dtype=np.int32)
         index[: flat.size] = flat
         indices.append(index)
-    cuts = np.cumsum(leaves.sizes)[:-1].tolist()
+    cuts = np.cumsum(info.sizes)[:-1].tolist()
 
-    def concat(params: Params) -> jax.Array:
-        return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in jax.tree_util.tree_leaves(params)])
+    def concat(leaves: list[jax.Array]) -> jax.Array:
+        return jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves])
 
-    def extract(params: Params, anchor_M: jax.Array, index_M: jax.Array) -> tuple[jax.Array, ...]:
-        theta_M = concat(params).at[index_M].get(mode="fill", fill_value=0.0)
+    def extract(leaves: list[jax.Array], anchor_M: jax.Array, index_M: jax.Array) -> tuple[jax.Array, ...]:
+        theta_M = concat(leaves).at[index_M].get(mode="fill", fill_value=0.0)
         payload, scales = encode_on_device(codec, block_size, anchor_M - theta_M)
         return payload, scales, theta_M
 
     def swap(
-        params: Params, index_M: jax.Array, value_M: jax.Array, ref_M: jax.Array, a: jax.Array, b: jax.Array
-    ) -> Params:
-        flat = concat(params)
+        leaves: list[jax.Array], index_M: jax.Array, value_M: jax.Array, ref_M: jax.Array, a: jax.Array, b: jax.Array
+    ) -> list[jax.Array]:
+        flat = concat(leaves)
         theta_M = flat.at[index_M].get(mode="fill", fill_value=0.0)
         flat = flat.at[index_M].set(value_M + a * theta_M - b * ref_M, mode="drop")
-        return leaves.tree(jnp.split(flat, cuts))
+        return [
+            f.reshape(shape).astype(dtype)
+            for f, shape, dtype in zip(jnp.split(flat, cuts), info.shapes, info.dtypes, strict=True)
+        ]
 
-    return indices, extract, swap
+    every = tuple(range(len(info.sizes)))
+    return Layout([(extract, swap)], [0] * plan.num_fragments, [every] * plan.num_fragments, indices)
 
 
-LAYOUTS = {"windows": _windowed, "concat": _concatenated}
+LAYOUTS = {"pieces": _by_pieces, "concat": _concatenated}
 
 
 class FragmentOps:
@@ -223,24 +235,38 @@ class FragmentOps:
         quantum = block_size if codec in ("int4", "int8") else 2
         self.M = -(-max(self.sizes) // quantum) * quantum
         self.on_host = self.device.platform == "cpu"  # vectors stay on the host: `to_device`
-        self.layout = layout or ("windows" if self.on_host else "concat")
-        tables, extract, swap = LAYOUTS[self.layout](plan, like, self.M, codec, block_size)
-        self.tables = [self.put(table) for table in tables]  # each fragment's argument to both
-        self.extract = jax.jit(extract)
-        self.swap = jax.jit(swap, donate_argnums=(0,))
+        self.layout = layout or ("pieces" if self.on_host else "concat")
+        found = LAYOUTS[self.layout](plan, like, self.M, codec, block_size)
+        self.treedef = jax.tree_util.tree_structure(like)
+        self.group, self.slots = found.group, found.slots
+        self.tables = [self.put(table) for table in found.tables]  # each fragment's argument to both
+        self.extract = [jax.jit(extract) for extract, _ in found.functions]
+        self.swap = [jax.jit(swap, donate_argnums=(0,)) for _, swap in found.functions]
         self._zeros = self.put(np.zeros(self.M, np.float32))
-        self._extract: Any = None  # the compiled functions: `compile`
-        self._swap: Any = None
+        self._extract: list[Any] = []  # the compiled functions, per group: `compile`
+        self._swap: list[Any] = []
         self._compiling = threading.Lock()  # a learner compiles in a thread of its own
 
+    @property
+    def groups(self) -> int:
+        """How many pairs of functions serve the fragments (each compiled once)."""
+        return len(self.extract)
+
     def compile(self, params: Params) -> None:
-        """Compile both functions for these parameters now (or load them from the persistent cache),
-        once: every fragment and every later call runs these executables."""
+        """Compile every pair for these parameters now (or load them from the persistent cache),
+        once: every later call runs these executables."""
         with self._compiling:
-            if self._swap is None:
-                vector, table, scalar = self._zeros, self.tables[0], np.float32(0)
-                self._extract = self.extract.lower(params, vector, table).compile()
-                self._swap = self.swap.lower(params, table, vector, vector, scalar, scalar).compile()
+            if self._swap:
+                return
+            leaves = jax.tree_util.tree_leaves(params)
+            vector, scalar = self._zeros, np.float32(0)
+            extracts, swaps = [], []
+            for g, (extract, swap) in enumerate(zip(self.extract, self.swap, strict=True)):
+                p = self.group.index(g)  # the first fragment it serves
+                mine, table = [leaves[i] for i in self.slots[p]], self.tables[p]
+                extracts.append(extract.lower(mine, vector, table).compile())
+                swaps.append(swap.lower(mine, table, vector, vector, scalar, scalar).compile())
+            self._extract, self._swap = extracts, swaps
 
     # -- host <-> device ----------------------------------------------------------------------
 
@@ -297,9 +323,11 @@ class FragmentOps:
 
     def push(self, params: Params, p: int, anchor_M: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Dispatch the extraction of fragment p; its outputs start copying to the host at once."""
-        if self._swap is None:
+        if not self._swap:
             self.compile(params)
-        payload, scales, theta = self._extract(params, anchor_M, self.tables[p])
+        leaves = jax.tree_util.tree_leaves(params)
+        mine = [leaves[i] for i in self.slots[p]]
+        payload, scales, theta = self._extract[self.group[p]](mine, anchor_M, self.tables[p])
         payload.copy_to_host_async()
         scales.copy_to_host_async()
         return payload, scales, theta
@@ -307,8 +335,15 @@ class FragmentOps:
     def write(
         self, params: Params, p: int, value_M: jax.Array, ref_M: jax.Array | None = None, a: float = 0.0, b: float = 0.0
     ) -> Params:
-        """Dispatch `theta[p] <- value + a * theta[p] - b * ref`; the old parameters are donated."""
-        if self._swap is None:
+        """Dispatch `theta[p] <- value + a * theta[p] - b * ref`; the leaves it writes are donated."""
+        if not self._swap:
             self.compile(params)
         ref = self._zeros if ref_M is None else ref_M
-        return self._swap(params, self.tables[p], value_M, ref, np.float32(a), np.float32(b))
+        leaves = jax.tree_util.tree_leaves(params)
+        slots = self.slots[p]
+        new = self._swap[self.group[p]](
+            [leaves[i] for i in slots], self.tables[p], value_M, ref, np.float32(a), np.float32(b)
+        )
+        for i, leaf in zip(slots, new, strict=True):
+            leaves[i] = leaf
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)

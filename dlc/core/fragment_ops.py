@@ -19,7 +19,7 @@ so no function compiles again whatever fragment it gets. Two layouts:
   pieces. Fragments whose pieces have the same shapes (the tiny recipe's 24 fall into 9 such
   groups) share one compiled pair. A call passes a few arrays and touches a 24th of the model; on
   one core that takes the two functions from 1.5 ms of CPU a step to nothing measurable
-  (`bench/RESULTS.md`, session 19), for about a second more of compiling without a cache.
+  (`bench/RESULTS.md`, session 19), for about a second more of compiling a learner without a cache.
 - `concat` (on GPU): one pair for every fragment, taking every leaf; an index vector into the
   concatenation of every parameter. The copies are a few fused kernels there; `pieces` has not
   been measured on a GPU.
@@ -78,7 +78,6 @@ class _Leaves(NamedTuple):
     sizes: list[int]
     shapes: list[tuple[int, ...]]
     dtypes: list[Any]
-    treedef: Any
 
     @classmethod
     def of(cls, like: Params) -> _Leaves:
@@ -88,7 +87,6 @@ class _Leaves(NamedTuple):
             [int(np.prod(np.shape(x))) for x in leaves],
             [np.shape(x) for x in leaves],
             [jnp.asarray(x).dtype for x in leaves],
-            jax.tree_util.tree_structure(like),
         )
 
 

@@ -210,7 +210,8 @@ LAYOUTS = {"pieces": _by_pieces, "concat": _concatenated}
 
 
 class FragmentOps:
-    """The two device functions of one learner, for one fragment plan and one codec up.
+    """One learner's device functions, extraction and write, for one fragment plan and one codec up:
+    a pair per group of fragments (`groups`), which `push` and `write` pick by fragment.
 
     `layout`: how they find a fragment's values (see the module doc); None picks by the device.
     """

@@ -165,3 +165,5 @@ def test_a_hot_spare_has_a_row_until_it_takes_a_slot_and_its_replacement_one_aft
     ]
     rows = sorted({i.learner for i in learner_intervals(events, end=30.0)}, key=row_order)
     assert rows == [0, "s0", "s1", SYNCER]  # the report's rows, top to bottom
+    # Spares in the order they started, also past ten of them.
+    assert sorted([SYNCER, "s10", 3, "s2", 0, "s1"], key=row_order) == [0, 3, "s1", "s2", "s10", SYNCER]

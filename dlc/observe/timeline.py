@@ -119,11 +119,14 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
     return _joined(sorted(out, key=lambda i: (isinstance(i.learner, str), i.learner, i.start)))
 
 
-def row_order(row: int | str) -> tuple[int, int | str]:
-    """Learners by index, then hot spares by name, then the syncer."""
+def row_order(row: int | str) -> tuple[int, int, str]:
+    """Learners by index, then hot spares in the order they started (s2 before s10), then the syncer."""
     if row == SYNCER:
-        return (2, 0)
-    return (1, row) if isinstance(row, str) else (0, row)
+        return (2, 0, "")
+    if isinstance(row, str):
+        number = row[1:]
+        return (1, int(number) if number.isdigit() else -1, row)
+    return (0, row, "")
 
 
 def row_name(row: int | str) -> str:

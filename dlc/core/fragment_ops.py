@@ -109,21 +109,18 @@ def _by_pieces(plan: FragmentPlan, like: Params, M: int, codec: str, block_size:
     shape and length) so that fragments of the same make-up share a pair.
     """
     leaves = _Leaves.of(like)
+
+    def canonical(span: Any) -> tuple[Any, ...]:  # its leaf's shape and dtype, its length; ties by place
+        i = leaves.index[span.name]
+        return (leaves.shapes[i], str(leaves.dtypes[i]), span.length, i, span.start)
+
     groups: dict[Any, int] = {}
     functions, group, slots, tables = [], [], [], []
     for p in range(plan.num_fragments):
-        spans = sorted(
-            plan.spans(p),
-            key=lambda s: (
-                leaves.shapes[leaves.index[s.name]],
-                str(leaves.dtypes[leaves.index[s.name]]),
-                s.length,
-                leaves.index[s.name],
-                s.start,
-            ),
-        )
-        mine = list(dict.fromkeys(leaves.index[s.name] for s in spans))  # leaves, first seen first
-        spec = tuple((mine.index(leaves.index[s.name]), s.length) for s in spans)
+        spans = sorted(plan.spans(p), key=canonical)
+        at = [leaves.index[s.name] for s in spans]  # each piece's leaf
+        mine = list(dict.fromkeys(at))  # leaves, first seen first
+        spec = tuple((mine.index(i), s.length) for i, s in zip(at, spans, strict=True))
         key = (tuple((leaves.shapes[i], str(leaves.dtypes[i])) for i in mine), spec)
         if key not in groups:
             groups[key] = len(functions)

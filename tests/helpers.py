@@ -23,7 +23,6 @@ from typing import Any
 from unittest import mock
 
 from chaos.controller import Controller
-from chaos.faults import FaultKind
 from chaos.plan import Plan, plan_from_dict
 from chaos.target import LearnerInfo, TargetError
 from dlc.config.schema import Recipe
@@ -164,19 +163,7 @@ def cells(text: str, learner: int) -> dict[str, str]:
     return dict(zip(header.replace("last push", "last_push").split(), row(text, learner), strict=True))
 
 
-# -- chaos: fault kinds, a fake target, plans without guardrails, a run directory's status ------------
-
-K, ST, SL, J, L, KS, DL, CL, KN = (
-    FaultKind.KILL,
-    FaultKind.STALL,
-    FaultKind.SLOW,
-    FaultKind.JOIN,
-    FaultKind.LEAVE,
-    FaultKind.KILL_SYNCER,
-    FaultKind.DEGRADE_LINK,
-    FaultKind.CUT_LINK,
-    FaultKind.KILL_NODE,
-)
+# -- chaos: a fake target, plans without guardrails, a run directory's status ------------
 
 
 class SleepingClock(FakeClock):

@@ -12,8 +12,9 @@ import time
 from collections import Counter
 
 from chaos.controller import Controller
+from chaos.faults import FaultKind
 from chaos.schedule import faults_until
-from tests.helpers import CL, DL, KN, KS, SL, ST, FakeTarget, J, K, SleepingClock, bare_plan, run_plan
+from tests.helpers import FakeTarget, SleepingClock, bare_plan, run_plan
 
 
 def _phases(target: FakeTarget) -> list[tuple[str, int | None, str]]:
@@ -32,15 +33,18 @@ def test_quorum_guardrail_refuses_a_fault_that_would_break_quorum():
     controller = run_plan(bare_plan(timeline=timeline, duration_s=10), target, clock)
     # The status still says learner 0 trains (detection lags), yet it counts as out while its kill is in flight.
     assert target.calls == [("kill", 0), ("slow", 3, 3.0, 30.0)]
-    assert controller.report.fired == Counter({K: 1, SL: 1})
-    assert controller.report.refused == Counter({K: 1, ST: 1})
+    assert controller.report.fired == Counter({FaultKind.KILL: 1, FaultKind.SLOW: 1})
+    assert controller.report.refused == Counter({FaultKind.KILL: 1, FaultKind.STALL: 1})
     refused = [r for r in target.records if r["phase"] == "refused"]
     assert all("would leave 2 healthy learner(s), below quorum 3" in r["detail"] for r in refused)
 
     clock = SleepingClock()
     target = FakeTarget(clock, learners=4, quorum=3)
     controller = run_plan(bare_plan(timeline=timeline, duration_s=10, allow_below_quorum=True), target, clock)
-    assert controller.report.fired == Counter({K: 2, ST: 1, SL: 1}) and not controller.report.refused
+    assert (
+        controller.report.fired == Counter({FaultKind.KILL: 2, FaultKind.STALL: 1, FaultKind.SLOW: 1})
+        and not controller.report.refused
+    )
 
 
 def test_quorum_counts_learners_the_run_reports_down():
@@ -48,7 +52,7 @@ def test_quorum_counts_learners_the_run_reports_down():
     target = FakeTarget(clock, learners=3, quorum=2)
     target.states[1] = "restarting"
     controller = run_plan(bare_plan(timeline=[{"at_s": 1, "fault": "kill", "learner": 0}], duration_s=5), target, clock)
-    assert target.calls == [] and controller.report.refused == Counter({K: 1})
+    assert target.calls == [] and controller.report.refused == Counter({FaultKind.KILL: 1})
 
 
 def test_warmup_refuses_early_timeline_faults_and_poisson_waits_it_out():
@@ -58,7 +62,7 @@ def test_warmup_refuses_early_timeline_faults_and_poisson_waits_it_out():
                                                             {"at_s": 12, "fault": "kill", "learner": 1}])  # fmt: skip
     controller = run_plan(plan, target, clock)
     assert _phases(target) == [("kill", 0, "refused"), ("kill", 1, "injected")]
-    assert "warm-up" in target.records[0]["detail"] and controller.report.fired == Counter({K: 1})
+    assert "warm-up" in target.records[0]["detail"] and controller.report.fired == Counter({FaultKind.KILL: 1})
     assert all(
         f.at_s > 10 for f in faults_until(bare_plan(warmup_s=10, kill_per_learner_per_min=5), [0], random.Random(), 60)
     )
@@ -75,7 +79,7 @@ def test_min_gap_counts_from_the_last_fired_fault():
     ]
     controller = run_plan(bare_plan(min_gap_s=10, timeline=timeline, duration_s=20), target, clock)
     assert [c[1] for c in target.calls] == [0, 3]
-    assert controller.report.refused == Counter({K: 2}) and "min_gap_s=10" in target.records[1]["detail"]
+    assert controller.report.refused == Counter({FaultKind.KILL: 2}) and "min_gap_s=10" in target.records[1]["detail"]
 
 
 def test_max_concurrent_counts_a_stall_for_its_duration():
@@ -89,7 +93,9 @@ def test_max_concurrent_counts_a_stall_for_its_duration():
     controller = run_plan(bare_plan(max_concurrent=1, timeline=timeline, duration_s=20), target, clock)
     assert target.calls == [("stall", 0, 10.0), ("slow", 1, 3.0, 30.0)]
     assert "1 fault(s) in flight (stall on learner 0), max_concurrent=1" in target.records[1]["detail"]
-    assert controller.report.fired == Counter({ST: 1, SL: 1}) and controller.report.refused == Counter({SL: 1})
+    assert controller.report.fired == Counter(
+        {FaultKind.STALL: 1, FaultKind.SLOW: 1}
+    ) and controller.report.refused == Counter({FaultKind.SLOW: 1})
 
 
 def test_a_kill_is_in_flight_until_its_learner_trains_again():
@@ -107,7 +113,9 @@ def test_a_kill_is_in_flight_until_its_learner_trains_again():
         bare_plan(max_concurrent=1, in_flight_max_s=30, timeline=timeline, duration_s=20), target, clock
     )
     assert target.calls == [("kill", 0), ("kill", 1)]
-    assert controller.report.fired == Counter({K: 2}) and controller.report.refused == Counter({K: 2})
+    assert controller.report.fired == Counter({FaultKind.KILL: 2}) and controller.report.refused == Counter(
+        {FaultKind.KILL: 2}
+    )
 
     # A learner that never shows as down releases the slot after in_flight_max_s.
     clock = SleepingClock()
@@ -162,7 +170,7 @@ def test_every_kind_reaches_the_target_and_failures_are_recorded():
     target.fail_kill = True
     controller = run_plan(bare_plan(timeline=timeline, duration_s=10), target, clock)
     assert target.calls == [("join", 15.0), ("leave", 3), ("kill_syncer",), ("slow", 0, 5.0, 2.0)]
-    assert controller.report.counts["failed"] == Counter({K: 1})
+    assert controller.report.counts["failed"] == Counter({FaultKind.KILL: 1})
     failed = target.records[-1]
     assert failed["phase"] == "failed" and "gone" in failed["detail"]
     slow = target.records[3]
@@ -192,8 +200,8 @@ def test_link_faults_reach_the_target_and_leave_the_quorum_alone():
     ]
     controller = run_plan(bare_plan(timeline=timeline, duration_s=20), target, clock)
     assert target.calls == [("degrade_link", 0, 10.0, 5.0), ("cut_link", 1, 10.0), ("degrade_link", 0, 3.0, 30.0)]
-    assert controller.report.fired == Counter({DL: 2, CL: 1})
-    assert controller.report.refused == Counter({K: 1, DL: 1})
+    assert controller.report.fired == Counter({FaultKind.DEGRADE_LINK: 2, FaultKind.CUT_LINK: 1})
+    assert controller.report.refused == Counter({FaultKind.KILL: 1, FaultKind.DEGRADE_LINK: 1})
     assert "would leave 3 healthy learner(s), below quorum 4" in target.records[2]["detail"]
     assert "learner 0 already has a degrade_link in flight" in target.records[3]["detail"]
     assert target.records[0]["detail"] == "link bandwidth /10, latency x10 for 5 s"
@@ -231,7 +239,10 @@ def test_dry_run_records_and_touches_nothing():
     # Guardrails still judge a dry run: the stall would have broken quorum.
     assert _phases(target) == [("kill", 0, "dry_run"), ("stall", 1, "refused"), ("join", None, "dry_run"),
                                ("kill_syncer", None, "dry_run")]  # fmt: skip
-    assert controller.report.counts["dry_run"] == Counter({K: 1, J: 1, KS: 1}) and not controller.report.fired
+    assert (
+        controller.report.counts["dry_run"] == Counter({FaultKind.KILL: 1, FaultKind.JOIN: 1, FaultKind.KILL_SYNCER: 1})
+        and not controller.report.fired
+    )
     assert target.records[0]["detail"] == "would SIGKILL (pid 1000)"
 
 
@@ -297,7 +308,9 @@ def test_kill_node_takes_every_learner_on_the_node_and_is_in_flight_until_all_ar
     ]
     controller = run_plan(bare_plan(max_concurrent=5, timeline=timeline, duration_s=20), target, clock)
     assert target.calls == [("kill_node", 2), ("kill", 0)]
-    assert controller.report.fired == Counter({KN: 1, K: 1}) and controller.report.refused == Counter({ST: 1})
+    assert controller.report.fired == Counter(
+        {FaultKind.KILL_NODE: 1, FaultKind.KILL: 1}
+    ) and controller.report.refused == Counter({FaultKind.STALL: 1})
     injected = next(r for r in target.records if r["fault"] == "kill_node")
     assert injected["target"] == "node of learner 2"
     assert injected["detail"] == "SIGKILL every learner on its node: learners 0 (pid 1000), 2 (pid 1002)"
@@ -316,7 +329,7 @@ def test_kill_node_takes_every_learner_on_the_node_and_is_in_flight_until_all_ar
 def test_kill_node_poisson_rate_is_per_run_and_draws_its_learner():
     plan = bare_plan(kill_node_per_min=6, duration_s=120)
     faults = faults_until(plan, [0, 1, 2, 3], random.Random(0), horizon_s=120)
-    assert faults and all(f.kind is KN for f in faults)
+    assert faults and all(f.kind is FaultKind.KILL_NODE for f in faults)
     # About 6 a minute for the run, whatever the number of learners: 12 expected in 120 s.
     assert 4 <= len(faults) <= 24 and len({f.learner for f in faults}) > 1
     assert faults == faults_until(plan, [0, 1, 2, 3], random.Random(0), horizon_s=120)  # seeded

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from chaos.faults import Fault
+from chaos.faults import Fault, FaultKind
 from chaos.plan import Plan, load_plan, plan_from_dict, reference_markdown, shipped_plans
 from dlc.errors import UserError
-from tests.helpers import CL, DL, KS, SL, FakeTarget, J, L, SleepingClock, run_plan
+from tests.helpers import FakeTarget, SleepingClock, run_plan
 
 
 def test_link_faults_in_a_plan_file_take_the_plans_defaults(tmp_path: Path):
@@ -27,16 +27,16 @@ def test_link_faults_in_a_plan_file_take_the_plans_defaults(tmp_path: Path):
     )
     plan = load_plan(file)
     assert [plan.fault_of(e) for e in plan.timeline] == [
-        Fault(1, DL, 0, 25, 6),
-        Fault(2, DL, 1, 9, 2.5),
-        Fault(3, CL, 2, 7, None),
-        Fault(4, CL, 3, 1.5, None),
+        Fault(1, FaultKind.DEGRADE_LINK, 0, 25, 6),
+        Fault(2, FaultKind.DEGRADE_LINK, 1, 9, 2.5),
+        Fault(3, FaultKind.CUT_LINK, 2, 7, None),
+        Fault(4, FaultKind.CUT_LINK, 3, 1.5, None),
     ]
     assert plan.summary().startswith("degrade_link 0.5/learner/min x6 for 25 s, cut_link 1/learner/min for 7 s")
     defaults = plan_from_dict({})
     assert (defaults.degrade_link_per_learner_per_min, defaults.degrade_link_factor, defaults.degrade_link_for_s,
             defaults.cut_link_per_learner_per_min, defaults.cut_link_for_s) == (0, 10, 30, 0, 10)  # fmt: skip
-    assert defaults.fault_of(plan.timeline[0]) == Fault(1, DL, 0, 30, 10)
+    assert defaults.fault_of(plan.timeline[0]) == Fault(1, FaultKind.DEGRADE_LINK, 0, 30, 10)
 
 
 def _invalid(data: dict[str, Any], **kw: Any) -> str:
@@ -111,10 +111,13 @@ def test_shipped_plans_load_and_fit_the_tiny_recipe():
     assert plans["kill_storm"].kill_per_learner_per_min > 0
     assert plans["stragglers"].stall_per_learner_per_min > 0 and plans["stragglers"].slow_per_learner_per_min > 0
     hetero = [plans["heterogeneous"].fault_of(e) for e in plans["heterogeneous"].timeline]
-    assert hetero and all(f.kind is SL and f.duration_s is None for f in hetero)  # slow for the whole run
-    assert {e.fault for e in plans["mixed"].timeline} >= {J, L, KS}
+    assert hetero and all(f.kind is FaultKind.SLOW and f.duration_s is None for f in hetero)  # slow for the whole run
+    assert {e.fault for e in plans["mixed"].timeline} >= {FaultKind.JOIN, FaultKind.LEAVE, FaultKind.KILL_SYNCER}
     thin = plans["thin_links"]
-    assert {e.fault for e in thin.timeline} == {DL, CL} and thin.degrade_link_factor == 10
+    assert {e.fault for e in thin.timeline} == {
+        FaultKind.DEGRADE_LINK,
+        FaultKind.CUT_LINK,
+    } and thin.degrade_link_factor == 10
     assert thin.degrade_link_per_learner_per_min > 0 and thin.cut_link_per_learner_per_min > 0
     # Its scripted degradation and cut both fire (seed 0), within its guardrails.
     clock = SleepingClock()
@@ -125,7 +128,7 @@ def test_shipped_plans_load_and_fit_the_tiny_recipe():
     clock = SleepingClock()
     target = FakeTarget(clock)
     controller = run_plan(plans["heterogeneous"], target, clock)
-    assert controller.report.fired == Counter({SL: len(hetero)}) and not controller.report.refused
+    assert controller.report.fired == Counter({FaultKind.SLOW: len(hetero)}) and not controller.report.refused
 
 
 def test_plan_reference_lists_every_field():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from chaos.faults import Fault
+from chaos.faults import Fault, FaultKind
 from chaos.schedule import faults_until, schedule
-from tests.helpers import CL, DL, KS, SL, ST, J, K, bare_plan
+from tests.helpers import bare_plan
 
 
 def test_same_seed_same_faults_and_streams_do_not_disturb_each_other():
@@ -18,7 +18,7 @@ def test_same_seed_same_faults_and_streams_do_not_disturb_each_other():
     # Adding stalls, or a learner, leaves every existing kill where it was.
     with_stalls = faults_until(bare_plan(kill_per_learner_per_min=1.0, stall_per_learner_per_min=2.0, duration_s=600),
                                    [0, 1, 2, 3], random.Random(7), 600)  # fmt: skip
-    assert [f for f in with_stalls if f.kind is K] == first
+    assert [f for f in with_stalls if f.kind is FaultKind.KILL] == first
     five = faults_until(plan, [0, 1, 2, 3, 4], random.Random(7), 600)
     assert [f for f in five if f.learner != 4] == first
     assert all(a.at_s <= b.at_s for a, b in zip(first, first[1:], strict=False))
@@ -57,12 +57,15 @@ def test_join_and_syncer_rates_are_per_run_and_timeline_defaults_fill_in():
     faults = list(schedule(plan, [0, 1, 2, 3], random.Random(0)))
     timeline = [f for f in faults if f.origin == "timeline"]
     assert timeline == [
-        Fault(3, SL, 2, 9, 2.5),
-        Fault(4, SL, 3, None, 4.0),  # until the run ends
-        Fault(5, ST, 1, 7, None),
+        Fault(3, FaultKind.SLOW, 2, 9, 2.5),
+        Fault(4, FaultKind.SLOW, 3, None, 4.0),  # until the run ends
+        Fault(5, FaultKind.STALL, 1, 7, None),
     ]
     # Per run, not per learner: 2/min over 300 s is 10 joins (sd 3.2), 1/min is 5 syncer kills (sd 2.2).
-    joins, syncer = [f for f in faults if f.kind is J], [f for f in faults if f.kind is KS]
+    joins, syncer = (
+        [f for f in faults if f.kind is FaultKind.JOIN],
+        [f for f in faults if f.kind is FaultKind.KILL_SYNCER],
+    )
     assert 0 < len(joins) <= 23 and 0 < len(syncer) <= 14
     assert all(f.learner is None and f.duration_s == 11 for f in joins)
 
@@ -74,18 +77,20 @@ def test_link_faults_are_drawn_at_their_rates_with_the_plans_factor_and_duration
              "cut_link_per_learner_per_min": 0.5, "cut_link_for_s": 4, "duration_s": 600, "warmup_s": 60}  # fmt: skip
     plan = bare_plan(**links)
     draws = [faults_until(plan, [0, 1, 2, 3], random.Random(seed), 600) for seed in range(40)]
-    degrades = [sum(f.kind is DL for f in d) for d in draws]
-    cuts = [sum(f.kind is CL for f in d) for d in draws]
+    degrades = [sum(f.kind is FaultKind.DEGRADE_LINK for f in d) for d in draws]
+    cuts = [sum(f.kind is FaultKind.CUT_LINK for f in d) for d in draws]
     assert all(12 <= n <= 60 for n in degrades) and all(1 <= n <= 35 for n in cuts)
     # Means of 40 seeds: sd 6 / sqrt(40) = 0.95 and 4.2 / sqrt(40) = 0.67; within 4 sd of 36 and 18.
     assert 32.2 <= sum(degrades) / 40 <= 39.8 and 15.3 <= sum(cuts) / 40 <= 20.7
     faults = draws[0]
     assert {f.learner for f in faults} == {0, 1, 2, 3}
     assert all(60 < f.at_s <= 600 and f.origin == "poisson" for f in faults)
-    assert all((f.factor, f.duration_s) == ((8.0, 12.0) if f.kind is DL else (None, 4.0)) for f in faults)
+    assert all(
+        (f.factor, f.duration_s) == ((8.0, 12.0) if f.kind is FaultKind.DEGRADE_LINK else (None, 4.0)) for f in faults
+    )
     # The same seed gives the same faults, and adding link faults leaves every kill where it was.
     assert faults == faults_until(plan, [0, 1, 2, 3], random.Random(0), 600)
     kills = {"kill_per_learner_per_min": 1.0, "duration_s": 600, "warmup_s": 60}
     alone = faults_until(bare_plan(**kills), [0, 1, 2, 3], random.Random(0), 600)
     mixed = faults_until(bare_plan(**links, **{"kill_per_learner_per_min": 1.0}), [0, 1, 2, 3], random.Random(0), 600)
-    assert alone and [f for f in mixed if f.kind is K] == alone
+    assert alone and [f for f in mixed if f.kind is FaultKind.KILL] == alone

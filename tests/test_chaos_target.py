@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from chaos.controller import Controller
+from chaos.faults import FaultKind
 from chaos.target import LearnerInfo, ProcessSignals, RunDirTarget, TargetError
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, append_jsonl, read_lines_after
-from tests.helpers import CL, DL, REPO, SL, ST, SleepingClock, bare_plan, write_status
+from tests.helpers import REPO, SleepingClock, bare_plan, write_status
 
 
 @pytest.fixture
@@ -197,7 +198,7 @@ def test_dry_run_against_a_run_directory_touches_nothing(tmp_path: Path, spawn):
     plan = bare_plan(dry_run=True, duration_s=10, timeline=[{"at_s": 1, "fault": "stall", "learner": 0},
                                                             {"at_s": 2, "fault": "slow", "learner": 1}])  # fmt: skip
     report = Controller(plan, RunDirTarget(tmp_path), clock=clock, sleep=clock.sleep).run()
-    assert report.counts["dry_run"] == Counter({ST: 1, SL: 1})
+    assert report.counts["dry_run"] == Counter({FaultKind.STALL: 1, FaultKind.SLOW: 1})
     assert _state(victim.pid) != "T" and victim.poll() is None
     assert not (tmp_path / CONTROL_FILE).exists()
     assert [json.loads(x)["phase"] for x in (tmp_path / CHAOS_FILE).read_text().splitlines()] == ["dry_run"] * 2
@@ -210,7 +211,7 @@ def test_dry_run_lists_link_faults_and_requests_nothing(tmp_path: Path):
                                                             {"at_s": 2, "fault": "cut_link", "learner": 1,
                                                              "duration_s": 3}])  # fmt: skip
     report = Controller(plan, RunDirTarget(tmp_path), clock=clock, sleep=clock.sleep).run()
-    assert report.counts["dry_run"] == Counter({DL: 1, CL: 1}) and not report.fired
+    assert report.counts["dry_run"] == Counter({FaultKind.DEGRADE_LINK: 1, FaultKind.CUT_LINK: 1}) and not report.fired
     assert not (tmp_path / CONTROL_FILE).exists()
     recorded = [json.loads(x) for x in (tmp_path / CHAOS_FILE).read_text().splitlines()]
     assert [(r["fault"], r["learner"], r["phase"], r["detail"]) for r in recorded] == [

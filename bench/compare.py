@@ -20,38 +20,41 @@ counts from the moment every learner has compiled and trains. Scenarios:
 The clean scenario runs first: its `none` run measures the step time the thin link and the stall
 times are sized from, and its worst final eval loss is the default target loss. Prints a Markdown
 table (goodput, bytes per token, time to target, final eval loss, throughput vs none) and a table of
-the paper's claims at our scale, and appends both, with the command, date and machine, to
-bench/RESULTS.md. Every run's summary and the rows are saved in compare.json next to the runs, from
-which --from-json re-renders the tables without training.
+the paper's claims at our scale (compare_tables.py), and records both, with the command, commit,
+machine and date, in bench/RESULTS.md. Every run's summary and the rows are saved in compare.json
+next to the runs, from which --from-json re-renders the tables without training.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import platform
 import shlex
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # else this folder's chaos.py hides the chaos package from `check`
-SCENARIOS = ("clean", "kills", "stragglers", "thin")
+import runner
+from compare_tables import (
+    SCENARIOS,
+    THIN_LATENCY_MS,
+    measured_step_s,
+    merge_results,
+    provenance,
+    read_run,
+    render,
+    title,
+)
+
 PACED = ("clean",)  # scenarios that get their own `none` reference run
 SLOW_LEARNER = 3  # the straggler in the stragglers scenario (recipes/tiny.yaml has learners 0-3)
 SLOW_FACTOR = 3.0
 STALL_S = 8.0  # longer than the 5 s heartbeat timeout, so rounds stop waiting for the stalled learner
-THIN_LATENCY_MS = 30.0
 NO_EVAL_STEPS = 10**9
 PROGRESS_EVERY_S = 30.0
 _T0 = time.monotonic()
@@ -72,7 +75,7 @@ def recipe_facts(recipe_path: str) -> dict[str, Any]:
     from dlc.config.load import load_recipe
     from dlc.core.model import build_model, count_params
 
-    recipe = load_recipe(REPO / recipe_path)
+    recipe = load_recipe(runner.REPO / recipe_path)
     learners = recipe.learners
     return {
         "n_params": count_params(build_model(recipe.model, recipe.run.seed)[1]),
@@ -84,20 +87,6 @@ def recipe_facts(recipe_path: str) -> dict[str, Any]:
 def thin_mbps(n_params: int, step_s: float, ratio: float) -> float:
     """A link on which one fp32 gradient (8 * 4 * n_params bits) takes `ratio` steps to send."""
     return 8 * 4 * n_params / (ratio * step_s) / 1e6
-
-
-def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result from several benches: later runs replace earlier ones of the same scenario, algorithm, repeat."""
-    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for result in results:
-        for run in result["runs"]:
-            if Path(run["run_dir"], "events.jsonl").exists():  # read again: newer code may read more
-                run = {**run, **read_run(Path(run["run_dir"]))}
-            runs[(run["scenario"], run["algorithm"], run["repeat"])] = run
-    meta = dict(results[0]["meta"])
-    if len(results) > 1:
-        meta["command"] = "`, then `".join(r["meta"]["command"] for r in results)
-    return {"meta": meta, "runs": list(runs.values())}
 
 
 def overrides_for(scenario: str, algorithm: str, args: argparse.Namespace, facts: dict, sizing: dict) -> list[str]:
@@ -153,9 +142,7 @@ def plan_for(scenario: str, repeat: int, args: argparse.Namespace, facts: dict, 
 
 
 def command(recipe: str, run_dir: Path, overrides: list[str], plan_file: Path | None) -> list[str]:
-    # --fresh: a --keep directory reused from an earlier bench must not resume its checkpoints.
-    cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, f"run.dir={run_dir}", *overrides, "--fresh"]
-    return cmd + (["--chaos", str(plan_file)] if plan_file else [])
+    return runner.train_command(recipe, run_dir, *overrides, plan=plan_file, fresh=True)
 
 
 def check(recipe: str, overrides: list[str], plan: dict | None) -> str | None:
@@ -165,7 +152,7 @@ def check(recipe: str, overrides: list[str], plan: dict | None) -> str | None:
     from dlc.errors import UserError
 
     try:
-        load_recipe(REPO / recipe, overrides)
+        load_recipe(runner.REPO / recipe, overrides)
         if plan is not None:
             plan_from_dict(plan)
     except UserError as exc:
@@ -177,316 +164,12 @@ def check(recipe: str, overrides: list[str], plan: dict | None) -> str | None:
 # Running one
 
 
-def train(cmd: list[str], run_dir: Path, timeout_s: float, label: str) -> str | None:
-    """Run one training process group to the end; the error, or None. Never leaves it running."""
-    log = run_dir.with_suffix(".log")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    started = time.monotonic()
-    try:
-        while True:
-            try:
-                rc = proc.wait(timeout=PROGRESS_EVERY_S)
-                break
-            except subprocess.TimeoutExpired:
-                elapsed = time.monotonic() - started
-                if elapsed > timeout_s:
-                    kill_group(proc)
-                    return f"timed out after {elapsed:.0f} s (log: {log})"
-                say(f"  {label}: {elapsed:.0f} s{_progress(run_dir)}")
-    except BaseException:
-        kill_group(proc)
-        raise
-    if rc != 0:
-        tail = log.read_text()[-1500:].strip()
-        return f"exit code {rc} (log: {log}): ...{tail[-600:]}"
-    return None
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the run's process group, then SIGKILL whatever is left of it."""
-    for sig, grace_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            continue
-        with contextlib.suppress(ProcessLookupError):  # the leader is gone; the group may not be
-            os.killpg(proc.pid, signal.SIGKILL)
-        return
-
-
 def _progress(run_dir: Path) -> str:
     try:
         status = json.loads((run_dir / "status.json").read_text())
         return f", {status['state']}, {status['progress']:.0%} of the budget"
     except (OSError, ValueError, KeyError, TypeError):
         return ", starting"
-
-
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """What the tables need from a finished run directory: summary, eval curve, faults fired."""
-    from dlc.run.files import read_jsonl  # a line cut short by a killed process is left out
-
-    summary_file = run_dir / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
-    events = read_jsonl(run_dir / "events.jsonl")[0]
-    metrics = read_jsonl(run_dir / "metrics.jsonl")[0]
-    # The clock starts when every first learner has compiled and trains: start-up (cluster, process
-    # and JAX start, compilation, the initial eval) is the same for every algorithm and would
-    # drown the differences in time to target. goodput_after_startup leaves it out the same way.
-    begun = [e["t"] for e in events if e.get("kind") == "learner_training" and not e.get("incarnation")]
-    started = max(begun) if begun else next((e["t"] for e in events if e.get("kind") == "run_started"), None)
-    if started is None:
-        started = min((m["t"] for m in events + metrics if "t" in m), default=None)
-    evals = [
-        [round(m["t"] - started, 3), m.get("tokens"), m["eval_loss"]]
-        for m in metrics
-        if m.get("kind") == "eval" and m.get("eval_loss") is not None and started is not None
-    ]
-    fired = next((e.get("fired", {}) for e in reversed(events) if e.get("kind") == "chaos_finished"), {})
-    ended = max((e["t"] for e in events if "t" in e), default=None)
-    trained_s = round(ended - started, 3) if ended is not None and started is not None else None
-    return {"summary": summary, "evals": sorted(evals), "faults_fired": fired, "trained_s": trained_s}
-
-
-# ---------------------------------------------------------------------------------------------
-# Metrics
-
-
-def after_startup(summary: dict[str, Any]) -> float | None:
-    """Productive / (allocated - startup): goodput once every process runs and has compiled. Hot
-    spares' idle time (`spare_s`) counts as allocated: it is hardware the run holds."""
-    rows = (summary.get("goodput_by_learner") or {}).values()
-    productive = sum(r.get("productive", 0.0) for r in rows)
-    allocated = sum(v for r in rows for k, v in r.items() if k not in ("goodput", "startup"))
-    allocated += summary.get("spare_s") or 0.0
-    return productive / allocated if allocated > 0 else None
-
-
-def steady_rate(summary: dict[str, Any]) -> float | None:
-    """Mean learner tokens/s after compiling (learners that never stepped are left out)."""
-    rates = [x["steady_tokens_per_s"] for x in summary.get("learners", []) if x.get("steady_tokens_per_s")]
-    return statistics.fmean(rates) if rates else None
-
-
-def measured_step_s(summary: dict[str, Any], tokens_per_step: list[int]) -> float | None:
-    """Mean seconds per inner step of a run's learners, from their steady tokens/s."""
-    steps = [
-        tokens_per_step[x["id"]] / x["steady_tokens_per_s"]
-        for x in summary.get("learners", [])
-        if x.get("steady_tokens_per_s") and x["id"] < len(tokens_per_step)
-    ]
-    return statistics.fmean(steps) if steps else None
-
-
-def row_of(run: dict[str, Any], reference: dict[str, Any] | None, target: float | None) -> dict[str, Any]:
-    """One run's numbers; None where the run cannot say."""
-    s = run.get("summary")
-    row: dict[str, Any] = {k: run[k] for k in ("scenario", "algorithm", "repeat")}
-    row["error"] = run.get("error") or (s or {}).get("error")
-    if not s:
-        return row
-    tokens = s.get("tokens_total") or 0
-    up, down = s.get("bytes_up") or 0, s.get("bytes_down") or 0
-    hit = next(((t, n) for t, n, loss in run["evals"] if target is not None and loss <= target), (None, None))
-    reached, tokens_to_target = hit
-    trained_s = run.get("trained_s")
-    rate = steady_rate(s)
-    ref_rate = steady_rate(reference["summary"]) if reference and reference.get("summary") else None
-    row |= {
-        "goodput": s.get("goodput"),
-        "goodput_after_startup": after_startup(s),
-        "bytes_per_token": (up + down) / tokens if tokens else None,
-        "up_bytes_per_token": up / tokens if tokens else None,
-        "time_to_target_s": reached,
-        "wall_s": s.get("wall_s"),
-        "trained_s": trained_s,  # from the moment every learner trained to the end
-        "tokens_to_target": tokens_to_target,
-        "train_tokens_per_s": tokens / trained_s if tokens and trained_s else None,
-        "final_eval_loss": s.get("eval_loss_final"),
-        "tokens": tokens,
-        "steady_tokens_per_s": rate,
-        "throughput_vs_none": rate / ref_rate if rate and ref_rate else None,
-        "faults": sum(run.get("faults_fired", {}).values()),
-    }
-    return row
-
-
-def default_target(runs: list[dict[str, Any]]) -> float | None:
-    """The worst final eval loss among the clean runs, rounded up to 2 decimals."""
-    finals = [
-        r["summary"]["eval_loss_final"]
-        for r in runs
-        if r["scenario"] == "clean" and r["algorithm"] != "none" and (r.get("summary") or {}).get("eval_loss_final")
-    ]
-    return math.ceil(max(finals) * 100 - 1e-9) / 100 if finals else None
-
-
-def compute_rows(runs: list[dict[str, Any]], target: float | None) -> list[dict[str, Any]]:
-    refs = {(r["scenario"], r["repeat"]): r for r in runs if r["algorithm"] == "none"}
-    # Kills and thin links change nothing for learners that never synchronise: the clean run is their reference.
-    return [row_of(r, refs.get((r["scenario"], r["repeat"])) or refs.get(("clean", r["repeat"])), target) for r in runs]
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables
-
-
-def _values(rows: list[dict[str, Any]], key: str) -> list[float]:
-    return [r[key] for r in rows if r.get(key) is not None]
-
-
-def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = _values(rows, key)
-    return statistics.fmean(values) if values else None
-
-
-def _cell(rows: list[dict[str, Any]], key: str, fmt: str, spread: bool = False) -> str:
-    values = _values(rows, key)
-    if not values:
-        return "-"
-    text = format(statistics.fmean(values), fmt)
-    low, high = format(min(values), fmt), format(max(values), fmt)
-    if spread and low != high:
-        text += f" ({low}-{high})"
-    return text
-
-
-def _time_cell(rows: list[dict[str, Any]]) -> str:
-    done = [r for r in rows if r.get("wall_s") is not None]
-    if not done:
-        return "-"
-    times = _values(done, "time_to_target_s")
-    if len(times) == len(done):
-        return _cell(done, "time_to_target_s", ".0f", spread=True)
-    missed = min(r.get("trained_s") or r["wall_s"] for r in done if r.get("time_to_target_s") is None)
-    return f"> {missed:.0f} (never reached)" + (f", {len(times)}/{len(done)} reached" if times else "")
-
-
-def main_table(rows: list[dict[str, Any]], scenarios: list[str], algorithms: list[str]) -> list[str]:
-    lines = [
-        "| scenario | algorithm | goodput (min-max) | goodput after start-up | bytes/token | up bytes/token | "
-        "time to target (s) | final eval loss | tokens | throughput vs none | faults fired |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for scenario in scenarios:
-        for algorithm in [*algorithms, "none"]:
-            group = [r for r in rows if r["scenario"] == scenario and r["algorithm"] == algorithm]
-            if not group:
-                continue
-            ok = [r for r in group if r.get("tokens") is not None]
-            failed = len(group) - len(ok)
-            name = algorithm + (" (reference)" if algorithm == "none" else "")
-            name += f" ({failed}/{len(group)} failed)" if failed else ""
-            versus = (
-                f"1 ({_cell(ok, 'steady_tokens_per_s', '.0f')} tok/s)"
-                if algorithm == "none"
-                else _cell(ok, "throughput_vs_none", ".3f")
-            )
-            lines.append(
-                f"| {scenario} | {name} | **{_cell(ok, 'goodput', '.3f', spread=True)}** | "
-                f"{_cell(ok, 'goodput_after_startup', '.3f')} | {_cell(ok, 'bytes_per_token', ',.1f')} | "
-                f"{_cell(ok, 'up_bytes_per_token', ',.1f')} | {_time_cell(ok) if algorithm != 'none' else '-'} | "
-                f"{_cell(ok, 'final_eval_loss', '.4f', spread=True)} | {_cell(ok, 'tokens', ',.0f')} | {versus} | "
-                f"{_cell(ok, 'faults', '.2g')} |"
-            )
-    return lines
-
-
-def claims_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The paper's claims, scaled to this machine: measured, target, met."""
-
-    def mean(scenario: str, algorithm: str, key: str) -> float | None:
-        return _mean([r for r in rows if r["scenario"] == scenario and r["algorithm"] == algorithm], key)
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
-
-    def rel(a: float | None, b: float | None) -> float | None:
-        return None if (q := ratio(a, b)) is None else q - 1
-
-    # Thin link: dp's time to target over decoupled's; a lower bound when a dp run never reached it.
-    thin_dp = [r for r in rows if r["scenario"] == "thin" and r["algorithm"] == "dp" and r.get("trained_s")]
-    missed = [r["trained_s"] for r in thin_dp if r.get("time_to_target_s") is None]
-    dp_time = min(missed) if missed else _mean(thin_dp, "time_to_target_s")
-    speedup = ratio(dp_time, mean("thin", "decoupled", "time_to_target_s"))
-    # A thin link changes dp's speed, not its arithmetic: it needs as many tokens as clean dp did,
-    # at the token rate it managed on the thin link.
-    projected = ratio(
-        ratio(mean("clean", "dp", "tokens_to_target"), mean("thin", "dp", "train_tokens_per_s")),
-        mean("thin", "decoupled", "time_to_target_s"),
-    )
-    dp_clean_loss = mean("clean", "dp", "final_eval_loss")
-    claims = [  # name, measured, comparison, bound, format
-        ("kills: decoupled goodput after start-up", mean("kills", "decoupled", "goodput_after_startup"), ">=", 0.9,
-         "{:.2f}"),
-        ("kills: dp goodput after start-up", mean("kills", "dp", "goodput_after_startup"), "<=", 0.6, "{:.2f}"),
-        ("clean: bytes/token, dp / decoupled",
-         ratio(mean("clean", "dp", "bytes_per_token"), mean("clean", "decoupled", "bytes_per_token")), ">=", 100,
-         "{:.0f}x"),
-        ("thin link: time to target, dp / decoupled", speedup, ">=", 10, ("> " if missed else "") + "{:.1f}x"),
-        ("thin link: dp projected time to target / decoupled", projected, ">=", 10, "{:.1f}x"),
-        ("quality, clean: decoupled final eval loss vs dp",
-         rel(mean("clean", "decoupled", "final_eval_loss"), dp_clean_loss), "<=", 0.02, "{:+.1%}"),
-        ("quality, kills: decoupled final eval loss vs dp clean",
-         rel(mean("kills", "decoupled", "final_eval_loss"), dp_clean_loss), "<=", 0.03, "{:+.1%}"),
-        ("overhead, clean: decoupled throughput / none", mean("clean", "decoupled", "throughput_vs_none"), ">=",
-         0.95, "{:.3f}"),
-    ]  # fmt: skip
-    lines = ["| claim (paper, at our scale) | measured | target | met |", "|---|---|---|---|"]
-    for name, value, op, bound, fmt in claims:
-        target = f"{op} {fmt.removeprefix('> ').format(bound)}"
-        if value is None:
-            lines.append(f"| {name} | - | {target} | - |")
-            continue
-        met = value >= bound if op == ">=" else value <= bound
-        verdict = "yes" if met else "not shown (a lower bound)" if fmt.startswith("> ") else "no"
-        lines.append(f"| {name} | {fmt.format(value)} | {target} | {verdict} |")
-    return lines
-
-
-def render(data: dict[str, Any], target_arg: float | None) -> tuple[str, list[dict[str, Any]]]:
-    meta, runs = data["meta"], data["runs"]
-    target = target_arg if target_arg is not None else default_target(runs)
-    how = (
-        "--target-loss"
-        if target_arg is not None
-        else "the worst final eval loss of the clean runs, rounded up"
-        if target is not None
-        else "none: no clean run finished and no --target-loss"
-    )
-    rows = compute_rows(runs, target)
-    order = [s for s in SCENARIOS if s in meta["scenarios"]]
-    thin = (
-        f"; thin link {meta['thin_mbps']:.3g} Mbit/s + {THIN_LATENCY_MS:g} ms "
-        f"(one fp32 gradient = {meta['thin_ratio']:g} steps)"
-        if "thin" in order
-        else ""
-    )
-    lines = [
-        f"### Algorithms side by side ({meta['date']})",
-        "",
-        f"`{meta['command']}` on {meta['machine']}. {meta['n_params']:,} parameters; every run stops at "
-        f"{meta['tokens']:,} trained tokens (thin: or at {meta['max_wall_s']:g} s); {meta['repeats']} repeat(s), "
-        f"the repeat index seeding the chaos plan. Step time {meta['step_s']:.3f} s ({meta['step_s_source']})"
-        f"{thin}. Target eval loss **{'-' if target is None else f'{target:.2f}'}** ({how}). "
-        "Goodput after start-up leaves out cluster start and compilation; throughput vs none is mean learner "
-        "steady tokens/s over the clean `none` run of the same repeat (evals run beside the algorithms, not "
-        "beside `none`). Time to target counts from the moment every learner trains.",
-        "",
-        *main_table(rows, order, meta["algorithms"]),
-        "",
-        *claims_table(rows),
-        "",
-    ]
-    errors = [f"- {r['scenario']} {r['algorithm']} #{r['repeat']}: {r['error']}" for r in rows if r.get("error")]
-    if errors:
-        lines += ["Failed runs:", "", *errors, ""]
-    return "\n".join(lines), rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,7 +198,7 @@ def parse_args() -> argparse.Namespace:
         "--keep",
         help="directory for the run directories and compare.json (default: a new temp dir, checkpoints deleted)",
     )
-    ap.add_argument("--out", help="append the tables here (default bench/RESULTS.md; with --from-json: nowhere)")
+    ap.add_argument("--out", help="record the tables here (default bench/RESULTS.md; with --from-json: nowhere)")
     ap.add_argument(
         "--from-json",
         action="append",
@@ -545,11 +228,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.from_json:
-        text, _ = render(merge_results([json.loads(Path(f).read_text()) for f in args.from_json]), args.target_loss)
-        print(text)
+        data = merge_results([json.loads(Path(f).read_text()) for f in args.from_json])
+        text, _ = render(data, args.target_loss)
         if args.out:
-            with open(args.out, "a") as f:
-                f.write(text + "\n")
+            runner.record(title(data["meta"]), provenance(data["meta"]), text, args.out)
+        else:
+            print(text)
         return
     facts = recipe_facts(args.recipe)
     sizing = {"step_s": args.step_s or 0.2, "step_s_source": "--step-s" if args.step_s else "default"}
@@ -573,7 +257,8 @@ def main() -> None:
     meta = {
         "command": "python bench/compare.py " + shlex.join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.node()} ({platform.platform()}, {os.cpu_count()} CPUs)",
+        "commit": runner.checkout_commit(),
+        "machine": runner.this_machine(),
         **{k: getattr(args, k) for k in ("recipe", "algorithms", "scenarios", "repeats", "tokens", "max_wall_s")},
         **{k: getattr(args, k) for k in ("thin_ratio", "kill_rate")},
         "n_params": facts["n_params"],
@@ -590,9 +275,7 @@ def main() -> None:
         _save(root, meta, runs, args.target_loss)
     text, _ = render({"meta": meta, "runs": runs}, args.target_loss)
     text += f"\nRaw results: `{root / 'compare.json'}` (re-render with `--from-json`).\n"
-    print(text)
-    with open(args.out or REPO / "bench" / "RESULTS.md", "a") as f:
-        f.write(text + "\n")
+    runner.record(title(meta), provenance(meta), text, args.out or runner.RESULTS)
 
 
 def dry_run(args: argparse.Namespace, schedule: list[tuple[str, str, int]], facts: dict, sizing: dict) -> None:
@@ -639,7 +322,13 @@ def run_one(
     say(f"{label}: started")
     started = time.monotonic()
     timeout_s = max(args.timeout_s, args.max_wall_s + 600) if scenario == "thin" else args.timeout_s
-    error = train(cmd, run_dir, timeout_s, label)
+    error = runner.run(
+        cmd,
+        runner.log_beside(run_dir),
+        timeout_s=timeout_s,
+        progress=lambda elapsed_s: say(f"  {label}: {elapsed_s:.0f} s{_progress(run_dir)}"),
+        every_s=PROGRESS_EVERY_S,
+    ).error()
     run = {
         "scenario": scenario,
         "algorithm": algorithm,

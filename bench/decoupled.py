@@ -18,7 +18,7 @@ Measures, with M learners sharing the machine:
      within one invocation: between two it moves more than within one);
   2. bytes a learner sends per inner step vs one fp32 gradient of the model;
   3. final global eval bits per byte of M learners vs one learner at the same total tokens.
-Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
+Prints a Markdown table and records it, with the command, commit, machine and date, in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -26,34 +26,20 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import platform
+import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import runner
 from proc_cpu import PARTS, Sampler  # this folder is on the path of a script in it
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def train(recipe: str, run_dir: Path, *overrides: str) -> tuple[dict, Sampler]:
     """Run `dlc train` to its end; its summary, and its processes' CPU sampled meanwhile."""
-    cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, f"run.dir={run_dir}", *overrides]
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        sampler = Sampler(proc.pid)
-        try:
-            proc.wait()
-        finally:
-            sampler.stop()
-        if proc.returncode != 0:
-            err.seek(0)
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{err.read()[-3000:]}")
-    return json.loads((run_dir / "summary.json").read_text()), sampler
+    finished = runner.train(recipe, run_dir, *overrides, watch=Sampler).check()
+    return json.loads((run_dir / "summary.json").read_text()), finished.watcher
 
 
 Series = list[tuple[float, int, int]]  # one learner's train records: (time, step, tokens), by step
@@ -186,7 +172,7 @@ def main() -> None:
     ap.add_argument("--learners", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300, help="inner steps per learner")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(runner.RESULTS))
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every run (repeatable)"
     )
@@ -245,13 +231,6 @@ def main() -> None:
     bytes_per_step = statistics.mean(x["bytes_sent"] / x["step"] for x in first["learners"])
     bpb_m = statistics.mean(x["eval_bpb_final"] for x in decoupled)
     lines = [
-        f"### Decoupled DiLoCo vs baselines ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"`python bench/decoupled.py --recipe {args.recipe} --learners {M} --steps {S} --repeats {args.repeats}"
-        + "".join(f" --set {kv}" for kv in args.set)
-        + "".join(f" --vs {kv}" for kv in args.vs)
-        + "`"
-        f" on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), "
         f"{params:,} parameters.",
         "",
         "| measure | value |",
@@ -265,12 +244,12 @@ def main() -> None:
         *cpu_rows(cpu, len(rates["none"])),
         f"| mean contributors per round | {statistics.mean(x['mean_contributors'] for x in decoupled):.2f} |",
         f"| rejected pushes | {[x['pushes_rejected'] for x in decoupled]} |",
-        "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    with open(args.results, "a") as f:
-        f.write(text + "\n")
+    options = ["--recipe", args.recipe, "--learners", str(M), "--steps", str(S), "--repeats", str(args.repeats)]
+    options += [f"--set {shlex.quote(kv)}" for kv in args.set] + [f"--vs {shlex.quote(kv)}" for kv in args.vs]
+    title = runner.heading("Decoupled DiLoCo against its baselines", ap, args, ("recipe", "learners", "set", "vs"))
+    provenance = runner.Provenance.here(runner.bench_command("decoupled.py", options))
+    runner.record(title, provenance, "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

@@ -19,27 +19,25 @@ learner takes from a machine whose cores are all busy; run it on one core (`task
 that the threads compete for it as they do there. Blocks of one round run back to back, so the
 machine's drift (large here: whole runs of one arm differ by 10% from one minute to the next)
 cancels in the per-round differences, of which the table gives the median.
-Prints a Markdown table and appends it, with the command, date and machine, to bench/RESULTS.md.
+Prints a Markdown table and records it, with the command, commit, machine and date, in bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import queue
 import random
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from dlc.core.runtime import ARENA_VAR, keep_freed_memory  # noqa: E402
+import runner  # noqa: E402  (first: it puts this checkout's dlc on the path)
+
+from dlc.core.allocator import ARENA_VAR, keep_freed_memory  # noqa: E402
 
 if ARENA_VAR not in os.environ:  # glibc reads it only at start: start again with one arena, as learners do
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, ARENA_VAR: "1"})
@@ -130,11 +128,11 @@ def main() -> None:
     ap.add_argument("--widths", default="32,64,128,256")
     ap.add_argument("--blocks", type=int, default=40, help="rounds of one block per arm")
     ap.add_argument("--block-steps", type=int, default=20, help="timed steps per block")
-    ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
     rows = []
     for width in (int(w) for w in args.widths.split(",")):
-        recipe = load_recipe(REPO / args.recipe, [f"model.width={width}"])
+        recipe = load_recipe(runner.REPO / args.recipe, [f"model.width={width}"])
         params, cpu_ms = measure(recipe, args.blocks, args.block_steps)
         none = statistics.median(cpu_ms["none"])
         extra = {
@@ -144,13 +142,9 @@ def main() -> None:
         print(f"width {width}: {rows[-1]}", file=sys.stderr)
     pinned = len(os.sched_getaffinity(0))
     lines = [
-        f"### The learner's own cost, per step ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"`python bench/learner_loop.py --widths {args.widths} --blocks {args.blocks} --block-steps "
-        f"{args.block_steps}` on {platform.node()} ({os.cpu_count()} CPUs, {pinned} of them allowed, "
-        f"{platform.processor() or platform.machine()}), one XLA thread; one push and one adoption (int4 "
-        "difference) every step, no syncer. CPU ms per step of the whole process; the extra cost of an arm "
-        "is the median over rounds of its block minus the `none` block of the same round.",
+        f"{pinned} of the machine's CPUs allowed, one XLA thread; one push and one adoption (int4 difference) "
+        "every step, no syncer. CPU ms per step of the whole process; the extra cost of an arm is the median "
+        "over rounds of its block minus the `none` block of the same round.",
         "",
         "| width | parameters | step, none (CPU ms) | + device ops (ms) | + decoupled (ms) "
         "| steps per CPU second, device ops / none | decoupled / none |",
@@ -161,10 +155,10 @@ def main() -> None:
             f"| {width} | {params:,} | {none:.1f} | {extra['device ops']:+.2f} | {extra['decoupled']:+.2f} "
             f"| **{none / (none + extra['device ops']):.3f}** | **{none / (none + extra['decoupled']):.3f}** |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(args.results, "a") as f:
-        f.write("\n" + text)
+    options = ["--widths", args.widths, "--blocks", str(args.blocks), "--block-steps", str(args.block_steps)]
+    command = ("taskset -c 0 " if pinned == 1 else "") + runner.bench_command("learner_loop.py", options)
+    title = runner.heading("The learner's own cost, per step", ap, args, ("recipe", "widths"))
+    runner.record(title, runner.Provenance.here(command), "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

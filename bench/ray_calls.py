@@ -10,19 +10,20 @@ from `os.times()`; the sender's idle loop (the same sleeps, no call) is measured
 The same sends then go on a direct channel between the two actors (a `Hub` in the receiver, an
 `Uplink` in the sender). Payloads: a bare int, and a merged fragment of tiny (int4, 9,200 values)
 as the syncer sends it; each as a Ray call with and without a return object, and on the channel.
-Prints a Markdown table; nothing is appended anywhere.
+Prints a Markdown table and records it, with the command, commit, machine and date, in
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
 import numpy as np
 import ray
+import runner
 
 
 def cpu_s() -> float:
@@ -84,6 +85,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--gap-ms", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
     from dlc.algo.decoupled.messages import MergedFragment
     from dlc.config.schema import ClusterConfig
@@ -114,14 +116,17 @@ def main() -> None:
                 rows.append((name, how, statistics.median(sent), statistics.median(taken)))
     finally:
         stop_cluster()
-    print(
-        f"`python bench/ray_calls.py --calls {n} --gap-ms {args.gap_ms} --repeats {args.repeats}` on "
-        f"{platform.node()} ({os.cpu_count()} CPUs), ray {ray.__version__}\n"
-    )
-    print("| payload | sent as | sender CPU per message (ms) | receiver CPU per message (ms) | both |")
-    print("|---|---|---|---|---|")
-    for name, how, s, r in rows:
-        print(f"| {name} | {how} | {1e3 * s:.3f} | {1e3 * r:.3f} | {1e3 * (s + r):.3f} |")
+    lines = [
+        f"ray {ray.__version__}; one message every {args.gap_ms:g} ms, {n} of them per payload and way, the median "
+        f"of {args.repeats} repeats.",
+        "",
+        "| payload | sent as | sender CPU per message (ms) | receiver CPU per message (ms) | both |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {name} | {how} | {1e3 * s:.3f} | {1e3 * r:.3f} | {1e3 * (s + r):.3f} |" for name, how, s, r in rows]
+    options = ["--calls", str(n), "--gap-ms", f"{args.gap_ms:g}", "--repeats", str(args.repeats)]
+    provenance = runner.Provenance.here(runner.bench_command("ray_calls.py", options))
+    runner.record("What a message costs, on the channel and as a Ray call", provenance, "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How fast learners start and come back: no cache, a warm compilation cache, hot spares.
 
-    python bench/startup.py [--recipe recipes/tiny.yaml] [--kills 3] [--gap-s 25] [--repeats 1]
+    python bench/startup.py [--recipe recipes/tiny.yaml] [--kills 3] [--gap-s 25] [--settings cache]
 
 Runs the real CLI once per setting, side by side in one invocation, each with the same kill
 schedule (`dlc train --chaos`: learner 1, 2, 3, ... killed every --gap-s seconds once every
@@ -10,26 +10,23 @@ learner trains), and reads chaos.jsonl and events.jsonl:
     compiled functions;
   - run start -> every learner stepping.
 Settings: `no cache` (run.compile_cache=false), `cache` (a cache warmed by a run before it),
-`cache + 1 spare` (learners.spares=1). Prints a Markdown table and appends it, with the command,
-date and machine, to bench/RESULTS.md.
+`cache + 1 spare` (learners.spares=1). Prints a Markdown table and records it, with the
+command, commit, machine and date, in bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import platform
+import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import runner
+
 SETTINGS = (
     ("no cache", ["run.compile_cache=false"]),
     ("cache", []),
@@ -37,40 +34,15 @@ SETTINGS = (
 )
 
 
-def jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by a killed process
-            out.append(json.loads(line))
-    return out
-
-
-def train(recipe: str, run_dir: Path, plan: Path | None, *overrides: str) -> None:
-    cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, f"run.dir={run_dir}", *overrides]
-    if plan is not None:
-        cmd += ["--chaos", str(plan)]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
-
-
 def measure(run_dir: Path) -> dict[str, Any]:
-    events, chaos = jsonl(run_dir / "events.jsonl"), jsonl(run_dir / "chaos.jsonl")
+    from dlc.run.files import EVENTS_FILE, read_jsonl
+
+    events = read_jsonl(run_dir / EVENTS_FILE)[0]
     started = next(e["t"] for e in events if e["kind"] == "run_started")
     first = [e["t"] for e in events if e["kind"] == "learner_training" and not e.get("incarnation")]
-    kills: dict[tuple[int, int], dict[str, float]] = {}
-    count: dict[int, int] = {}
-    for entry in chaos:
-        if entry.get("fault") != "kill":
-            continue
-        learner = entry["learner"]
-        if entry["phase"] == "injected":
-            count[learner] = count.get(learner, 0) + 1
-        key = (learner, count.get(learner, 0))
-        if entry.get("after_s") is not None:
-            kills.setdefault(key, {})[entry["phase"]] = entry["after_s"]
+    kills = runner.kill_timings(run_dir)
     back = [e for e in events if e["kind"] == "learner_training" and e.get("incarnation")]
-    done = [k for k in kills.values() if "first_push" in k]
+    done = [k for k in kills if "first_push" in k]
 
     def median(phase: str) -> float | None:
         values = [k[phase] for k in done if phase in k]
@@ -103,7 +75,7 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.25, help="learners.step_time_s (pace) of every run")
     ap.add_argument("--settings", default=",".join(name for name, _ in SETTINGS), help="which settings to run")
     ap.add_argument("--keep", help="keep the run directories here (default: a temporary directory)")
-    ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
     chosen = args.settings.split(",")
     rows = []
@@ -119,19 +91,16 @@ def main() -> None:
         plan.write_text("seed: 0\nwarmup_s: 0\nmin_gap_s: 0\ntimeline:\n" + "\n".join(timeline) + "\n")
         steps = int((args.gap_s * (args.kills + 2)) / args.step_s)
         common = [f"learners.step_time_s={args.step_s}", f"run.max_steps={steps}", f"run.compile_cache_dir={cache}"]
-        train(args.recipe, tmp_path / "warm", None, *common, "run.max_steps=3")  # fills the cache
+        runner.train(args.recipe, tmp_path / "warm", *common, "run.max_steps=3").check()  # fills the cache
         for name, overrides in [(n, o) for n, o in SETTINGS if n in chosen]:
             run_dir = tmp_path / name.replace(" ", "-").replace("+", "")
             print(f"{name} ...", file=sys.stderr)
-            train(args.recipe, run_dir, plan, *common, *overrides)
+            runner.train(args.recipe, run_dir, *common, *overrides, plan=plan).check()
             rows.append({"setting": name, **measure(run_dir)})
             print(json.dumps(rows[-1]), file=sys.stderr)
     lines = [
-        f"### Start-up and rejoin ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"`python bench/startup.py --recipe {args.recipe} --kills {args.kills} --gap-s {args.gap_s:g} "
-        f"--step-s {args.step_s:g}` on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.processor() or platform.machine()}). One run per setting, the same kill schedule in each.",
+        f"One run per setting, the same kill schedule in each: learners 1, 2, 3, ... killed every {args.gap_s:g} s "
+        "once every learner trains. The columns after the median are medians too, each counted from the kill.",
         "",
         "| setting | run start -> all stepping (s) | kill -> first push, median (s) | each kill (s) | "
         "detected | process up / spare taken | state copied | compiled from | compile or load (s) |",
@@ -144,10 +113,12 @@ def main() -> None:
             f"{fmt(r['detected_s'], '.2f')} | {fmt(r['restarted_s'])} | {fmt(r['copied_s'])} | "
             f"{', '.join(r['compiled_from']) or '-'}{' (spare)' if r['spare'] else ''} | {fmt(r['compile_s'], '.2f')} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(args.results, "a") as f:
-        f.write("\n" + text)
+    options = ["--recipe", args.recipe, "--kills", str(args.kills), "--gap-s", f"{args.gap_s:g}"]
+    options += ["--step-s", f"{args.step_s:g}"]
+    options += ["--settings", shlex.quote(args.settings)] if args.settings != ap.get_default("settings") else []
+    title = runner.heading("Start-up and rejoin", ap, args, ("recipe", "settings"))
+    provenance = runner.Provenance.here(runner.bench_command("startup.py", options))
+    runner.record(title, provenance, "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

@@ -1,74 +1,36 @@
 """What failures cost: goodput, rejoin time and quality at several kill rates, at equal tokens.
 
-    python bench/chaos.py [--rates 0,1,4] [--tokens 1228800] [--recipe recipes/tiny.yaml]
+    python bench/kill_rates.py [--rates 0,1,4] [--tokens 1228800] [--recipe recipes/tiny.yaml]
 
 Each rate (kills per learner per minute, Poisson, seeded) runs the recipe on the real CLI with
 a chaos plan, stopping at the same number of trained tokens. Prints a Markdown table (goodput,
 badput by bucket, kills, median rejoin time from kill to first accepted push and where it
-went, final eval loss) and appends it, with the command, date and machine, to bench/RESULTS.md.
+went, final eval loss) and records it, with the command, commit, machine and date, in
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import runner
 
 
-def run(recipe: str, run_dir: Path, rate: float, tokens: int, seed: int) -> dict:
+def train(recipe: str, run_dir: Path, rate: float, tokens: int, seed: int) -> dict:
+    """The summary of one run of the recipe to `tokens` trained tokens under `rate` kills."""
     plan = run_dir.parent / f"{run_dir.name}.yaml"
     plan.write_text(
         f"seed: {seed}\nduration_s: 3600\nwarmup_s: 10\nmin_gap_s: 0\nmax_concurrent: 3\n"
         f"kill_per_learner_per_min: {rate}\n"
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlc.cli",
-        "train",
-        recipe,
-        f"run.dir={run_dir}",
-        "run.max_steps=null",
-        f"run.max_tokens={tokens}",
-        "eval.every_steps=100000",
-    ]
-    if rate > 0:
-        cmd += ["--chaos", str(plan)]
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{result.stderr[-3000:]}")
+    overrides = ("run.max_steps=null", f"run.max_tokens={tokens}", "eval.every_steps=100000")
+    runner.train(recipe, run_dir, *overrides, plan=plan if rate > 0 else None).check()
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def rejoins(run_dir: Path) -> list[dict[str, float]]:
-    """Per kill: seconds from injection to detection, restart, state copied, first accepted push."""
-    path = run_dir / "chaos.jsonl"
-    if not path.exists():
-        return []
-    by_kill: dict[int, dict[str, float]] = {}
-    open_kill: dict[int, int] = {}
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if entry.get("fault") != "kill":
-            continue
-        learner = entry["learner"]
-        if entry["phase"] == "injected":
-            open_kill[learner] = len(by_kill)
-            by_kill[open_kill[learner]] = {}
-        elif learner in open_kill and entry.get("after_s") is not None:
-            by_kill[open_kill[learner]][entry["phase"]] = entry["after_s"]
-            if entry["phase"] == "state_copied":
-                by_kill[open_kill[learner]]["copy_s"] = entry.get("copy_s", 0.0)
-    return [k for k in by_kill.values() if "first_push" in k]
 
 
 def main() -> None:
@@ -77,14 +39,14 @@ def main() -> None:
     ap.add_argument("--rates", default="0,1,4", help="kills per learner per minute, comma-separated")
     ap.add_argument("--tokens", type=int, default=4 * 300 * 16 * 64, help="tokens trained by every run")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
+    ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for rate in (float(r) for r in args.rates.split(",")):
             run_dir = Path(tmp) / f"rate-{rate:g}"
-            summary = run(args.recipe, run_dir, rate, args.tokens, args.seed)
-            kills = rejoins(run_dir)
+            summary = train(args.recipe, run_dir, rate, args.tokens, args.seed)
+            kills = [k for k in runner.kill_timings(run_dir) if "first_push" in k]
             rows.append((rate, summary, kills))
             print(f"rate {rate:g}: goodput {summary['goodput']}, {len(kills)} rejoins", file=sys.stderr)
 
@@ -93,12 +55,9 @@ def main() -> None:
         return f"{statistics.median(values):.1f}" if values else "-"
 
     lines = [
-        f"### Goodput under kill chaos ({time.strftime('%Y-%m-%d')})",
-        "",
-        f"`python bench/chaos.py --recipe {args.recipe} --rates {args.rates} --tokens {args.tokens}` on "
-        f"{platform.node()} ({os.cpu_count()} CPUs); every run stops at {args.tokens:,} trained tokens. "
-        "Rejoin times are medians in seconds after the kill: detected, process restarted, state copied "
-        "from a peer (copy itself in brackets), first accepted push (includes compiling the step).",
+        f"Every run stops at {args.tokens:,} trained tokens. Rejoin times are medians in seconds after the "
+        "kill: detected, process restarted, state copied from a peer (copy itself in brackets), first "
+        "accepted push (includes compiling the step).",
         "",
         "| kills / learner / min | kills | goodput | goodput after start-up | startup s | dead s | rejoining s | "
         "wasted s | detected | restarted | state copied (copy) | first push | wall s | final eval loss |",
@@ -116,10 +75,13 @@ def main() -> None:
             f"{median(kills, 'restarted')} | {median(kills, 'state_copied')} ({median(kills, 'copy_s')}) | "
             f"{median(kills, 'first_push')} | {s['wall_s']:.0f} | {s['eval_loss_final']:.4f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    with open(args.results, "a") as f:
-        f.write(text + "\n")
+    command = runner.bench_command(
+        "kill_rates.py",
+        ["--recipe", args.recipe, "--rates", args.rates, "--tokens", str(args.tokens)]
+        + (["--seed", str(args.seed)] if args.seed else []),
+    )
+    title = runner.heading("Goodput at several kill rates", ap, args, ("recipe", "rates"))
+    runner.record(title, runner.Provenance.here(command), "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

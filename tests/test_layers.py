@@ -10,6 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Lowest first. A module may import its own package and any package listed before it.
 LAYERS = (
     "dlc.errors",
+    "dlc.units",  # byte sizes and their formatter
     "dlc.config",  # the recipe
     "dlc.core",  # model, data, steps, learner, codec, fragments: JAX and NumPy only
     "dlc.net",  # transport and emulated links

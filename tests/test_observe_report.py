@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlc.observe.report import RunData, goodput_series, learner_steps_at, load_run, merged_share, write_report
+from dlc.observe.report import write_report
+from dlc.observe.runs import RunData, goodput_series, learner_steps_at, load_run, merged_share
 from tests.fixtures_runs import T0, finished_run, make_run
 
 

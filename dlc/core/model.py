@@ -15,8 +15,8 @@ import numpy as np
 from flax import nnx
 
 from dlc.config.schema import ModelConfig
+from dlc.core.shapes import mlp_hidden, vocab_size
 
-VOCAB_SIZE = 256  # bytes
 Params = dict[str, Any]
 
 
@@ -41,7 +41,7 @@ class CausalSelfAttention(nnx.Module):
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        hidden = cfg.mlp_ratio * cfg.width
+        hidden = mlp_hidden(cfg)
         init = nnx.initializers.normal(stddev=cfg.init_std)
         out_init = nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
         self.up = nnx.Linear(cfg.width, hidden, kernel_init=init, rngs=rngs)
@@ -68,18 +68,18 @@ class Block(nnx.Module):
 class ByteTransformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
         init = nnx.initializers.normal(stddev=cfg.init_std)
-        self.embed = nnx.Embed(VOCAB_SIZE, cfg.width, embedding_init=init, rngs=rngs)
+        self.embed = nnx.Embed(vocab_size(cfg), cfg.width, embedding_init=init, rngs=rngs)
         self.pos_embed = nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.norm_out = nnx.LayerNorm(cfg.width, rngs=rngs)
         self.head = (
             None
             if cfg.tie_embeddings
-            else nnx.Linear(cfg.width, VOCAB_SIZE, use_bias=False, kernel_init=init, rngs=rngs)
+            else nnx.Linear(cfg.width, vocab_size(cfg), use_bias=False, kernel_init=init, rngs=rngs)
         )
 
     def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
-        """Logits for the next byte at every position: [B, T] int -> [B, T, 256] float."""
+        """Logits for the next byte at every position: [B, T] int -> [B, T, V] float (V: `vocab_size`)."""
         T = tokens_BxT.shape[1]
         x_BxTxD = self.embed(tokens_BxT) + self.pos_embed(jnp.arange(T))[None]
         for block in self.blocks:

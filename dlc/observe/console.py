@@ -10,6 +10,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from dlc.units import MIB
+
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
@@ -113,6 +115,6 @@ class ProgressView:
             f"syncer: {sync.get('rounds_closed', 0)} rounds, "
             f"{sync.get('mean_contributors', 0):.2f} contributors/round, "
             f"grace {sync.get('grace_window_s', 0):.2f}s, quorum {sync.get('quorum', '-')}, rejected {rejected}, "
-            f"up {sync.get('bytes_up', 0) / 2**20:.2f} MiB, down {sync.get('bytes_down', 0) / 2**20:.2f} MiB"
+            f"up {sync.get('bytes_up', 0) / MIB:.2f} MiB, down {sync.get('bytes_down', 0) / MIB:.2f} MiB"
         )
         return Group(head, learners, syncer_line)

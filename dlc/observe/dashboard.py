@@ -23,6 +23,7 @@ from rich.text import Text
 
 from dlc.observe.console import fmt_duration, fmt_float
 from dlc.observe.reader import RunReader
+from dlc.units import format_bytes
 
 REFRESH_S = 0.5
 NARROW = 100  # columns: below this the table tightens and the syncer and loss panels stack
@@ -44,13 +45,9 @@ STATE_STYLE = {
 }
 
 
-def fmt_bytes(n: float | None, digits: int = 2) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.{digits}f} {unit}"
-    return f"{n:.0f} B"
+def meter_bytes(n: float | None, digits: int = 2) -> str:
+    """A byte count as the panels show it: GiB at most, whole bytes at least, no thousands separator."""
+    return format_bytes(n, digits, largest="GiB", smallest="B", grouped=False)
 
 
 def sparkline(points: list[tuple[float, float]], width: int, t0: float, t1: float, lo: float, hi: float) -> str:
@@ -206,15 +203,15 @@ def _syncer_panel(snap: dict[str, Any]) -> Panel:
         f"rounds closed {s['rounds_closed']:,}   quorum {quorum}   grace window {grace} s",
         f"contributors/round {fmt_float(s.get('mean_contributors'), 2)}   healthy {_ids(s.get('healthy'))}",
         f"rejected {sum(rejections.values())}" + (f" ({reasons})" if reasons else ""),
-        f"sent up {fmt_bytes(s['bytes_up'])} ({fmt_bytes(s.get('bytes_up_per_s'), 1)}/s)",
-        f"sent down {fmt_bytes(s['bytes_down'])} ({fmt_bytes(s.get('bytes_down_per_s'), 1)}/s)",
+        f"sent up {meter_bytes(s['bytes_up'])} ({meter_bytes(s.get('bytes_up_per_s'), 1)}/s)",
+        f"sent down {meter_bytes(s['bytes_down'])} ({meter_bytes(s.get('bytes_down_per_s'), 1)}/s)",
     ]
     each_way = dp.get("bytes_each_way")
     if each_way is None:
         lines.append("data-parallel equivalent: - (no model section in recipe.yaml)")
     else:
         up, down = s["bytes_up"], s["bytes_down"]
-        lines.append(f"data-parallel: {fmt_bytes(each_way)} each way")
+        lines.append(f"data-parallel: {meter_bytes(each_way)} each way")
         if up and down:
             both, each = 2 * each_way / (up + down), (each_way / up, each_way / down)
             lines.append(f"  {both:,.0f}x ours in all (up {each[0]:,.0f}x, down {each[1]:,.0f}x)")

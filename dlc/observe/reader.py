@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from dlc.config.schema import ModelConfig
+from dlc.core.shapes import param_count
 from dlc.observe.console import fmt_duration
 from dlc.run.files import (
     CHAOS_FILE,
@@ -29,7 +31,6 @@ from dlc.run.files import (
     read_json,
 )
 
-VOCAB_SIZE = 256  # bytes; the same as dlc.core.model's, repeated so this module never imports JAX
 # A running run whose status.json is older than this has lost its driver (it rewrites ~1/s).
 STALE_AFTER_S = 15.0
 FEED_LINES = 6  # chaos entries kept for the feed
@@ -48,20 +49,16 @@ def read_recipe(path: Path) -> dict[str, Any]:
 
 
 def count_params(model: dict[str, Any]) -> int | None:
-    """Parameters of dlc.core.model's ByteTransformer for a recipe's `model` section, by hand.
-
-    Per block: two LayerNorms (scale, bias), qkv and out projections without bias, MLP up and
-    down with bias. Around them: byte and position embeddings, a final LayerNorm, and an output
-    layer only when embeddings are untied.
-    """
+    """Parameters of the model a recipe's `model` section describes (`dlc.core.shapes`), or None
+    when the section lacks a size the count needs."""
     try:
-        width, layers, context = int(model["width"]), int(model["num_layers"]), int(model["context_len"])
-        hidden = int(model["mlp_ratio"]) * width
+        sizes = {key: int(model[key]) for key in ("width", "num_layers", "context_len", "mlp_ratio")}
         tied = bool(model.get("tie_embeddings", True))
     except (KeyError, TypeError, ValueError):
         return None
-    block = 2 * 2 * width + 3 * width * width + width * width + (width * hidden + hidden) + (hidden * width + width)
-    return VOCAB_SIZE * width + context * width + layers * block + 2 * width + (0 if tied else width * VOCAB_SIZE)
+    # Not validated: a recorded recipe is read as it is, like the rest of a run directory, and a
+    # section an older dlc wrote still gets its count. The other fields take their defaults.
+    return param_count(ModelConfig.model_construct(**sizes, tie_embeddings=tied))
 
 
 def dp_equivalent_bytes(params: int | None, learner_steps: int) -> int | None:

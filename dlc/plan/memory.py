@@ -2,28 +2,27 @@
 
 `dlc train` asks here before it reads the corpus or starts a process, so a recipe too large for
 the machine is refused with the memory it would need instead of ending in an out-of-memory
-traceback inside a learner; `dlc bandwidth --recipe` takes the shapes from here, so it allocates
-nothing at all. The shapes are derived by hand from `dlc.core.model.ByteTransformer` (tests check
-them against the built model), so nothing here imports JAX.
+traceback inside a learner; `dlc bandwidth --recipe` takes the fragments from here, so it allocates
+nothing at all. The model's shapes come from `dlc.core.shapes`, so nothing here imports JAX.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dlc.config.schema import ModelConfig, Recipe
 from dlc.core.fragments import FragmentPlan
+from dlc.core.shapes import mlp_hidden, param_count, param_shapes, vocab_size
 from dlc.errors import UserError
+from dlc.units import MIB, format_bytes
 
-VOCAB_SIZE = 256  # bytes, as dlc.core.model
 FLOAT_BYTES = 4  # everything is float32
 # Python, NumPy, JAX, XLA's compiled functions and Ray's worker in one process. Measured on a run
 # of tiny (peak RSS, shared libraries counted in each): learners 490 MiB, of which about 60 MiB is
 # their state and activations; the syncer 410 MiB; the evaluator 340 MiB.
-PROCESS_BYTES = 512 * 2**20
+PROCESS_BYTES = 512 * MIB
 # The embedded cluster's own processes: GCS, raylet, the dashboard and runtime-env agents.
-RAY_BYTES = 512 * 2**20
+RAY_BYTES = 512 * MIB
 # A learner holds its parameters, gradients, AdamW's two moments, its anchors, and the step's
 # new parameters while the donated old ones are released: six float32 copies of the model.
 LEARNER_COPIES = 6
@@ -32,38 +31,6 @@ LEARNER_COPIES = 6
 SYNCER_COPIES = 6
 # The evaluator builds the model and unflattens each snapshot of the global model into a second.
 EVALUATOR_COPIES = 2
-
-
-def param_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter's shape, by the path names `dlc.core.model.flatten_params` gives it."""
-    d, hidden = model.width, model.mlp_ratio * model.width
-    shapes: dict[str, tuple[int, ...]] = {
-        "embed/embedding": (VOCAB_SIZE, d),
-        "pos_embed/embedding": (model.context_len, d),
-        "norm_out/bias": (d,),
-        "norm_out/scale": (d,),
-    }
-    for i in range(model.num_layers):
-        block = f"blocks/{i}"
-        shapes |= {
-            f"{block}/attn/out/kernel": (d, d),
-            f"{block}/attn/qkv/kernel": (d, 3 * d),
-            f"{block}/mlp/down/bias": (d,),
-            f"{block}/mlp/down/kernel": (hidden, d),
-            f"{block}/mlp/up/bias": (hidden,),
-            f"{block}/mlp/up/kernel": (d, hidden),
-            f"{block}/norm_attn/bias": (d,),
-            f"{block}/norm_attn/scale": (d,),
-            f"{block}/norm_mlp/bias": (d,),
-            f"{block}/norm_mlp/scale": (d,),
-        }
-    if not model.tie_embeddings:
-        shapes["head/kernel"] = (d, VOCAB_SIZE)
-    return shapes
-
-
-def param_count(model: ModelConfig) -> int:
-    return sum(math.prod(shape) for shape in param_shapes(model).values())
 
 
 def fragment_plan(recipe: Recipe) -> FragmentPlan:
@@ -83,16 +50,6 @@ def fragment_plan(recipe: Recipe) -> FragmentPlan:
         return FragmentPlan.build(shapes, fragments)
     except ValueError:
         raise problem from None
-
-
-def format_bytes(n: float) -> str:
-    """1.5 * 2**30 -> '1.5 GiB'; beyond a thousand TiB in powers of ten ('2.1e+06 TiB')."""
-    if n >= 1000 * 2**40:
-        return f"{n / 2**40:.2g} TiB"
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n / 2**10:,.1f} KiB"
 
 
 @dataclass(frozen=True)
@@ -122,10 +79,10 @@ def _activation_floats(batch: int, seq: int, model: ModelConfig) -> int:
     """Floats one forward pass of `batch` x `seq` keeps: per token and block, the residual, two
     norms, q/k/v, the attention output and projection, the MLP's hidden layer before and after
     GELU; per sequence and head the attention scores and probabilities; the logits at the end."""
-    d, hidden = model.width, model.mlp_ratio * model.width
+    d, hidden = model.width, mlp_hidden(model)
     per_token_block = 8 * d + 2 * hidden
     per_block = batch * seq * per_token_block + 2 * batch * model.num_heads * seq * seq
-    return model.num_layers * per_block + 3 * batch * seq * VOCAB_SIZE + 2 * batch * seq * d
+    return model.num_layers * per_block + 3 * batch * seq * vocab_size(model) + 2 * batch * seq * d
 
 
 def footprint(recipe: Recipe) -> Footprint:

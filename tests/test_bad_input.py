@@ -76,9 +76,9 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path
     journaled rounds after it (written by the real syncer worker), and a checkpoint per learner."""
     from dlc.algo.decoupled.messages import Push
     from dlc.core.codec import get_codec
-    from dlc.engine.local import Direct
     from dlc.engine.syncer_actor import SyncerWorker
     from dlc.run.checkpoint import Checkpointer
+    from tests.fakes import Direct
 
     run = tmp_path_factory.mktemp("finished") / "run"
     recipe = load_recipe(TINY, train_overrides(corpus, run))
@@ -599,7 +599,8 @@ def test_bandwidth_of_a_recipe_too_large_to_build_allocates_nothing(tmp_path):
 
 def test_the_memory_check_counts_by_hand(corpus):
     """The footprint of tiny, from its sizes: what the refusal message quotes."""
-    from dlc.plan.memory import PROCESS_BYTES, check_fits, footprint, param_count
+    from dlc.core.shapes import param_count
+    from dlc.plan.memory import PROCESS_BYTES, check_fits, footprint
 
     recipe = load_recipe(TINY, train_overrides(corpus, "unused"))
     n = 219_520  # README: tiny's parameters
@@ -615,13 +616,3 @@ def test_the_memory_check_counts_by_hand(corpus):
     assert check_fits(recipe, available=need.total) == need
     with pytest.raises(UserError, match=r"needs about .* of memory and this machine has 1\.0 GiB available"):
         check_fits(recipe, available=GIB)
-
-
-def test_the_hand_derived_shapes_are_the_models():
-    from dlc.core.model import build_model, flatten_params
-    from dlc.plan.memory import param_shapes
-
-    for overrides in ([], ["model.tie_embeddings=false", "model.num_layers=11", "model.mlp_ratio=3"]):
-        model = load_recipe(TINY, overrides).model
-        built = {name: tuple(v.shape) for name, v in flatten_params(build_model(model, 0)[1]).items()}
-        assert param_shapes(model) == built

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from dlc.config.algorithms import ALGORITHM_NAMES, BANDWIDTH_APPROACHES, SIMULATED_SYSTEMS
 from dlc.config.load import load_recipe, parse_overrides
 from dlc.config.schema import Recipe
 from dlc.errors import UserError
@@ -101,3 +102,18 @@ def test_xla_threads_follow_the_cpus_a_learner_reserves_unless_set():
     assert [learners.xla_threads(i) for i in (0, 1, 2, None)] == [1, 4, 1, 1]
     pinned = Recipe.model_validate({"learners": {"xla_cpu_threads": 2, "overrides": [{"index": 0, "num_cpus": 8}]}})
     assert [pinned.learners.xla_threads(i) for i in (0, 1, None)] == [2, 2, 2]
+
+
+def test_one_vocabulary_of_algorithms():
+    from dlc.algo import ALGORITHMS as REGISTRY
+
+    assert sorted(REGISTRY) == sorted(ALGORITHM_NAMES)  # dlc train runs each declared algorithm
+    with pytest.raises(UserError, match="Input should be 'decoupled', 'diloco', 'dp' or 'none'"):
+        load_recipe(REPO / "recipes/tiny.yaml", ["algorithm=fedavg"])
+    # The planning tools' own names each model one of them (and stay the names they print).
+    assert [(v.name, v.algorithm) for v in SIMULATED_SYSTEMS] == [
+        ("dp", "dp"),
+        ("elastic_dp", "dp"),
+        ("decoupled", "decoupled"),
+    ]
+    assert {v.algorithm for v in BANDWIDTH_APPROACHES} == {"dp", "diloco", "decoupled"}

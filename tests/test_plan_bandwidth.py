@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import asdict
 
 import pytest
 
-from dlc.cli.plan import bandwidth_command
+from dlc.cli.bandwidth import bandwidth_command
 from dlc.errors import UserError
 from dlc.plan.bandwidth import (
-    LinkSetup,
     bytes_per_step,
     codec_bits_per_value,
     decoupled_gbps,
@@ -22,6 +20,7 @@ from dlc.plan.bandwidth import (
     dp_sim_gbps,
     plan,
 )
+from dlc.plan.inputs import LinkSetup, SettingError
 from tests.helpers import invoke
 
 PAPER = LinkSetup()  # 5B params, bf16, 2 sites, 1 s steps, 90% utilisation, H=100, P=24, tau=2
@@ -105,11 +104,18 @@ def test_codec_bits_per_value():
 
 def test_cli_defaults_are_the_setup_defaults():
     params = inspect.signature(bandwidth_command).parameters
-    for name, value in asdict(LinkSetup()).items():
+    for name, value in LinkSetup().model_dump().items():
         if name == "params":
             assert params[name].default == "5B" and value == 5e9
         else:
             assert params["inner_steps" if name == "H" else name].default == value, name
+
+
+def test_the_setup_names_its_fields():
+    with pytest.raises(SettingError, match=r"^H=0 is out of range: pass 1 or more$"):
+        LinkSetup(H=0)
+    with pytest.raises(SettingError, match=r"^step_time_s=inf must be a finite number"):
+        LinkSetup(step_time_s=float("inf"))
 
 
 def test_bandwidth_json():

@@ -7,17 +7,16 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from dlc.cli.plan import parse_count, simulate_command
+from dlc.cli.options import parse_count
+from dlc.cli.simulate import simulate_command
+from dlc.plan.inputs import FailureModel, RepairDist, SettingError
 from dlc.plan.simulate import (
     PAPER_CHIPS,
     PAPER_GOODPUT_PCT,
-    FailureModel,
-    RepairDist,
     absorbing_pauses,
     cell_rng,
     simulate_all,
@@ -82,7 +81,7 @@ def test_elastic_with_no_pauses_loses_only_slices_in_repair():
     # repair is 64 * 4.2 / 8766 = 0.03066 and goodput = 1 - 0.03066 = 0.9693.
     model = FailureModel(pause_on_failure_s=1e-6, pause_on_return_s=1e-6, repair_dist=RepairDist.FIXED)
     assert model.repair_fraction == pytest.approx(64 * 4.2 / 8766, rel=1e-3)
-    model = replace(model, horizon_days=2)
+    model = model.model_copy(update={"horizon_days": 2.0})
     r = simulate_elastic(300e3, model, np.random.default_rng(1))
     assert r.goodput == pytest.approx(1 - 64 * 4.2 / 8766, abs=0.003)
     assert r.uptime == pytest.approx(1.0, abs=1e-3)
@@ -144,9 +143,21 @@ def test_2_4m_chips_for_30_days_takes_seconds():
 
 def test_cli_defaults_are_the_model_defaults():
     params = inspect.signature(simulate_command).parameters
-    for name, value in FailureModel().as_dict().items():
+    for name, value in FailureModel().model_dump(mode="json").items():
         if name != "mtbi_chip_years":
             assert params[name].default == value, name
+
+
+def test_the_model_names_its_fields_and_the_command_its_options():
+    with pytest.raises(SettingError) as caught:
+        FailureModel(dp_spare_ratio=3.0, repair_mean_h=60.0)
+    # 64 chips * 60 h / 8766 h = 43.8% of slices in repair; 3x that = 131% of chips as spares.
+    assert str(caught.value) == (
+        "dp_spare_ratio=3.0 with 43.8% of slices in repair reserves 131% of chips as spares: "
+        "shorten repair_mean_h, shrink chips_per_slice or lower the ratio"
+    )
+    result = invoke("simulate", "--repair-mean-h", "60")
+    assert "shorten --repair-mean-h, shrink --chips-per-slice" in result.stderr
 
 
 def test_parse_count():
@@ -216,6 +227,7 @@ def test_bad_options_exit_2_without_traceback(args, fragment):
 
 
 def test_importing_the_commands_pulls_in_nothing_heavy():
-    code = "import sys, dlc.cli.plan; print(sorted({'jax', 'ray', 'numpy', 'matplotlib'} & set(sys.modules)))"
+    heavy = "{'jax', 'ray', 'numpy', 'matplotlib'}"
+    code = f"import sys, dlc.cli.simulate, dlc.cli.bandwidth; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
 """The `dlc` command line. Thin: parse, load the recipe, call one function.
 
-Heavy modules (JAX, Ray) are imported inside the commands so `dlc --help` stays fast.
+Heavy modules (JAX, Ray) are imported inside the commands so `dlc --help` stays fast. The commands
+live in their own modules and never import this one: it imports them and registers each.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ from typing import Any, NoReturn
 
 import typer
 
+from dlc.cli.bandwidth import bandwidth_command
+from dlc.cli.chaos import chaos_command
+from dlc.cli.process import mark_ends_with_command
+from dlc.cli.simulate import simulate_command
+from dlc.cli.train import train_command
+from dlc.cli.view import report_command, status_command
 from dlc.errors import UserError
 
 app = typer.Typer(
@@ -46,11 +53,6 @@ def guarded(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-from dlc.cli.chaos import chaos_command  # noqa: E402
-from dlc.cli.plan import bandwidth_command, simulate_command  # noqa: E402
-from dlc.cli.train import train_command  # noqa: E402
-from dlc.cli.view import report_command, status_command  # noqa: E402
-
 app.command("train", context_settings={"allow_extra_args": False})(guarded(train_command))
 for _name, _command in (
     ("status", status_command),
@@ -62,14 +64,8 @@ for _name, _command in (
     app.command(_name)(guarded(_command))
 
 
-# True when `main` runs the command as the process itself, which ends with it (not a caller's
-# CliRunner): only then may a command change how the process takes signals, for good.
-process_ends_with_command = False
-
-
 def main() -> None:
-    global process_ends_with_command
-    process_ends_with_command = True
+    mark_ends_with_command()  # this process ends with the command, unlike a caller's CliRunner
     try:
         app()
     except UserError as exc:  # raised outside a command's own handler

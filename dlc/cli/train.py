@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from dlc.cli.process import ends_with_command
 from dlc.errors import UserError
 
 
@@ -52,13 +53,13 @@ def train_command(
 
             plan = load_plan(resolve_plan_path(chaos))
             plan.check_learners(range(loaded.learners.count))
-        from dlc.core.runtime import limit_xla_threads
+        from dlc.core.threads import limit_xla_threads
 
         learners = loaded.learners
         limit_xla_threads(max(learners.xla_threads(i) for i in [None, *range(learners.count)]))
         from dlc.train import run
 
-        outcome = run(loaded, fresh=fresh, chaos_plan=plan, ends_process=_process_ends_with_command())
+        outcome = run(loaded, fresh=fresh, chaos_plan=plan, ends_process=ends_with_command())
     except KeyboardInterrupt:
         _end_after_a_cut_start()
         raise typer.Exit(130) from None
@@ -78,13 +79,6 @@ def train_command(
     raise typer.Exit(outcome.exit_code)
 
 
-def _process_ends_with_command() -> bool:
-    """Whether this process ends with the command (`dlc` itself), not a caller's (tests' CliRunner)."""
-    from dlc.cli import app
-
-    return app.process_ends_with_command
-
-
 def _end_after_a_cut_start() -> None:
     """Say so; in a process that ends with this command, end it now, with code 130, ignoring Ctrl-C.
 
@@ -92,7 +86,7 @@ def _end_after_a_cut_start() -> None:
     frees JAX's modules while one of them still runs, and crashes (seen: a segfault in jaxlib's
     module deallocation, with Ray's error subscriber polling). Ray is stopped and nothing else is
     left to tear down."""
-    ends = _process_ends_with_command()
+    ends = ends_with_command()
     if ends:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     typer.echo("interrupted while starting: nothing was trained", err=True)

@@ -1,4 +1,7 @@
-"""The recipe reference tables of the README, generated from the declared fields."""
+"""The recipe reference tables of the manual (docs/reference/recipe.md), generated from the declared fields.
+
+`python -m dlc.cli.reference` writes them into the page; tests/test_docs.py fails when the page drifts.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from dlc.config.schema import Recipe
 
 
 def reference_markdown() -> str:
-    """The recipe reference tables of the README, generated from the declared fields."""
+    """Every recipe field with its default and meaning: a table for the top level, then one per section."""
     from pydantic_core import PydanticUndefined
 
     lines: list[str] = ["**top level**", "", "| key | default | meaning |", "|---|---|---|"]

@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from dlc.config.algorithms import BANDWIDTH_APPROACHES
 from dlc.errors import UserError
+from dlc.plan.inputs import LinkSetup, Setting, SettingError
 
 GBIT = 1e9
 
@@ -38,7 +40,6 @@ SIM_CYCLES = 500
 # their differences and running maximum, the deadline test (8 bytes each, with room to spare).
 SIM_BYTES_PER_MESSAGE = 96
 
-APPROACHES: tuple[str, ...] = ("dp", "diloco", "decoupled_bf16", "decoupled_int4")
 CODEC_BITS: dict[str, float] = {"none": 32.0, "bf16": 16.0, "int8": 8.0, "int4": 4.0}
 
 
@@ -74,74 +75,26 @@ def bytes_per_step(
     return (payload + messages * header_bytes) / H
 
 
-@dataclass(frozen=True)
-class LinkSetup:
-    """One WAN planning question: how fast must each site's link be."""
+def check_size(setup: LinkSetup, available_bytes: int | None = None) -> None:
+    """Raise SettingError, before any array exists, for simulations larger than this machine's memory."""
+    if available_bytes is None:
+        import psutil
 
-    params: float = 5e9
-    step_time_s: float = 1.0
-    sites: int = 2
-    utilisation: float = 0.9
-    bits_per_value: float = 16.0
-    fragments: int = 24
-    H: int = 100
-    tau: float = 2.0
-    backward_fraction: float = 2.0 / 3.0
-    buckets: int = 32
-    int4_block: int = 64
-    int4_scale_bits: int = 32
+        available_bytes = int(psutil.virtual_memory().available)
+    for name, count, what in (
+        ("fragments", SIM_CYCLES * setup.fragments, f"{SIM_CYCLES} cycles of {setup.fragments:,} fragments"),
+        ("buckets", setup.buckets, f"{setup.buckets:,} gradient buckets"),
+    ):
+        need = SIM_BYTES_PER_MESSAGE * count
+        if need > available_bytes:
+            from dlc.units import format_bytes
 
-    def validate(self) -> None:
-        """Raise UserError, naming the option, for a value that makes no sense."""
-        checks = [
-            (self.params > 0, "--params", self.params, "pass a positive count such as 5B"),
-            (self.step_time_s > 0, "--step-time-s", self.step_time_s, "pass a positive time"),
-            (self.sites >= 2, "--sites", self.sites, "one site needs no WAN link; pass 2 or more"),
-            (0 < self.utilisation < 1, "--utilisation", self.utilisation, "pass a fraction below 1, e.g. 0.9"),
-            (self.bits_per_value > 0, "--bits-per-value", self.bits_per_value, "pass e.g. 16 for bf16"),
-            (self.fragments >= 1, "--fragments", self.fragments, "pass 1 or more"),
-            (self.H >= 1, "--inner-steps", self.H, "pass 1 or more"),
-            (self.tau > 0, "--tau", self.tau, "pass a positive number of steps"),
-            (0 < self.backward_fraction <= 1, "--backward-fraction", self.backward_fraction, "pass a fraction"),
-            (self.buckets >= 1, "--buckets", self.buckets, "pass 1 or more"),
-            (self.int4_block >= 1, "--int4-block", self.int4_block, "pass 1 or more"),
-            (self.int4_scale_bits >= 0, "--int4-scale-bits", self.int4_scale_bits, "pass 0 or more"),
-        ]
-        for ok, option, value, fix in checks:
-            if not ok:
-                raise UserError(f"{option}={value:g} is out of range: {fix}")
-            if not math.isfinite(value):
-                raise UserError(f"{option}={value:g} must be a finite number: {fix}")
-        self.check_size()
-
-    def check_size(self, available_bytes: int | None = None) -> None:
-        """Raise UserError, before any array exists, for simulations larger than this machine's memory."""
-        if available_bytes is None:
-            import psutil
-
-            available_bytes = int(psutil.virtual_memory().available)
-        for option, count, what in (
-            ("--fragments", SIM_CYCLES * self.fragments, f"{SIM_CYCLES} cycles of {self.fragments:,} fragments"),
-            ("--buckets", self.buckets, f"{self.buckets:,} gradient buckets"),
-        ):
-            need = SIM_BYTES_PER_MESSAGE * count
-            if need > available_bytes:
-                from dlc.plan.memory import format_bytes
-
-                raise UserError(
-                    f"{option}={getattr(self, option[2:]):,}: the step simulation replays {what}, which needs "
-                    f"about {format_bytes(need)} of memory; this machine has {format_bytes(available_bytes)} "
-                    f"available: lower {option}"
-                )
-
-    def sync_bits(self, bits_per_value: float) -> float:
-        """S: bits each site's link carries for one all-reduce of every parameter."""
-        return 2.0 * (1.0 - 1.0 / self.sites) * bits_per_value * self.params
-
-    @property
-    def int4_bits(self) -> float:
-        """int4 values plus one block scale per ``int4_block`` values."""
-        return 4.0 + self.int4_scale_bits / self.int4_block
+            raise SettingError(
+                Setting(name),
+                f"={getattr(setup, name):,}: the step simulation replays {what}, which needs about "
+                f"{format_bytes(need)} of memory; this machine has {format_bytes(available_bytes)} available: lower ",
+                Setting(name),
+            )
 
 
 def dp_gbps(setup: LinkSetup, bits_per_value: float | None = None) -> float:
@@ -182,9 +135,15 @@ def _fifo_finish(release_s: np.ndarray, size_bits: float, bps: float) -> np.ndar
 def _smallest(ok: Callable[[float], bool], guess_bps: float) -> float:
     """Smallest bandwidth for which ``ok`` holds (``ok`` is monotone in bandwidth)."""
     if not (math.isfinite(guess_bps) and guess_bps > 0):
-        raise UserError(
-            "no finite bandwidth meets the target at these inputs: check --params, --tau, --step-time-s "
-            "and --bits-per-value"
+        raise SettingError(
+            "no finite bandwidth meets the target at these inputs: check ",
+            Setting("params"),
+            ", ",
+            Setting("tau"),
+            ", ",
+            Setting("step_time_s"),
+            " and ",
+            Setting("bits_per_value"),
         )
     lo, hi = guess_bps, guess_bps
     while ok(lo) and lo > 1.0:
@@ -192,9 +151,15 @@ def _smallest(ok: Callable[[float], bool], guess_bps: float) -> float:
     while not ok(hi):
         hi *= 2.0
         if hi > guess_bps * 1e12:
-            raise UserError(
-                f"no link under {hi / GBIT:.3g} Gbit/s meets the target: lower --utilisation or raise --tau, "
-                "--inner-steps or --step-time-s"
+            raise SettingError(
+                f"no link under {hi / GBIT:.3g} Gbit/s meets the target: lower ",
+                Setting("utilisation"),
+                " or raise ",
+                Setting("tau"),
+                ", ",
+                Setting("H"),
+                " or ",
+                Setting("step_time_s"),
             )
     while hi - lo > 1e-6 * hi:
         mid = 0.5 * (lo + hi)
@@ -260,16 +225,17 @@ class BandwidthRow:
 
 def plan(setup: LinkSetup) -> list[BandwidthRow]:
     """DP, blocking DiLoCo and decoupled (bf16, int4) side by side."""
-    setup.validate()
+    check_size(setup)
     b, h = setup.bits_per_value, setup.H
+    dp, diloco, decoupled_bf16, decoupled_int4 = BANDWIDTH_APPROACHES
     rows = [
-        BandwidthRow("dp", b, dp_gbps(setup), dp_sim_gbps(setup), setup.sync_bits(b) / GBIT),
-        BandwidthRow("diloco", b, diloco_gbps(setup), diloco_sim_gbps(setup), setup.sync_bits(b) / h / GBIT),
+        BandwidthRow(dp.name, b, dp_gbps(setup), dp_sim_gbps(setup), setup.sync_bits(b) / GBIT),
+        BandwidthRow(diloco.name, b, diloco_gbps(setup), diloco_sim_gbps(setup), setup.sync_bits(b) / h / GBIT),
     ]
-    for name, bits in (("decoupled_bf16", 16.0), ("decoupled_int4", setup.int4_bits)):
+    for approach, bits in ((decoupled_bf16, 16.0), (decoupled_int4, setup.int4_bits)):
         rows.append(
             BandwidthRow(
-                name,
+                approach.name,
                 bits,
                 decoupled_gbps(setup, bits),
                 decoupled_sim_gbps(setup, bits),

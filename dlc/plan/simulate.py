@@ -20,17 +20,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from enum import StrEnum
+from dataclasses import dataclass
 
 import numpy as np
 
-from dlc.errors import UserError
+from dlc.config.algorithms import SIMULATED_SYSTEMS
+from dlc.plan.inputs import (
+    SECONDS_PER_DAY,
+    SECONDS_PER_HOUR,
+    SECONDS_PER_YEAR,
+    FailureModel,
+    RepairDist,
+    Setting,
+    SettingError,
+)
 
-SECONDS_PER_YEAR = 365.25 * 86400.0
-SECONDS_PER_HOUR = 3600.0
-SECONDS_PER_DAY = 86400.0
-SYSTEMS: tuple[str, ...] = ("dp", "elastic_dp", "decoupled")
+SYSTEMS: tuple[str, ...] = tuple(system.name for system in SIMULATED_SYSTEMS)
+LABELS: dict[str, str] = {system.name: system.label for system in SIMULATED_SYSTEMS}
 # Peak bytes per failure drawn, at the peak of an elastic learner's pass: failure, repair and
 # return times, their merged order, the pause chain and the capacity integral. Measured with
 # tracemalloc: 216 for elastic DP and 240 for 16 decoupled learners at 2.4M chips over 300 days.
@@ -48,82 +54,6 @@ PAPER_GOODPUT_PCT: dict[tuple[str, int], tuple[int, ...]] = {
     ("decoupled", 8): (98, 96, 94, 88, 80),
     ("decoupled", 16): (99, 98, 96, 93, 86),
 }
-
-
-class RepairDist(StrEnum):
-    """Shape of the time a failed slice spends out of service (the mean is a separate constant)."""
-
-    FIXED = "fixed"
-    """Every repair takes exactly the mean."""
-    EXPONENTIAL = "exponential"
-    """Memoryless repairs: most are quick, a few take many times the mean."""
-    LOGNORMAL = "lognormal"
-    """Right-skewed repairs (a reboot is quick, a board swap is slow); shape set by sigma."""
-
-
-@dataclass(frozen=True)
-class FailureModel:
-    """Every constant of the simulation. Defaults reproduce the paper's goodput table."""
-
-    mtbi_chip_years: float = 1.0
-    chips_per_slice: int = 64
-    repair_dist: RepairDist = RepairDist.LOGNORMAL
-    repair_mean_h: float = 4.2
-    repair_sigma: float = 1.0
-    pause_on_failure_s: float = 11.6
-    pause_on_return_s: float = 8.0
-    dp_restart_s: float = 71.5
-    dp_spare_ratio: float = 3.0
-    horizon_days: float = 30.0
-
-    @property
-    def repair_fraction(self) -> float:
-        """Mean fraction of slices in repair: slice failure rate times mean repair time."""
-        slice_rate_per_h = self.chips_per_slice / (self.mtbi_chip_years * SECONDS_PER_YEAR / SECONDS_PER_HOUR)
-        return slice_rate_per_h * self.repair_mean_h
-
-    @property
-    def dp_spare_fraction(self) -> float:
-        """Fraction of chips plain DP holds as idle hot spares."""
-        return self.dp_spare_ratio * self.repair_fraction
-
-    def validate(self) -> None:
-        """Raise UserError, naming the command-line option, for a constant that makes no sense."""
-        positive = {
-            "mtbi_chip_years": self.mtbi_chip_years,
-            "chips_per_slice": self.chips_per_slice,
-            "repair_mean_h": self.repair_mean_h,
-            "pause_on_failure_s": self.pause_on_failure_s,
-            "pause_on_return_s": self.pause_on_return_s,
-            "dp_restart_s": self.dp_restart_s,
-            "horizon_days": self.horizon_days,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                raise UserError(f"--{name.replace('_', '-')}={value} must be positive: pass a value above 0")
-        shape = {"repair_sigma": self.repair_sigma, "dp_spare_ratio": self.dp_spare_ratio}
-        for name, value in {**positive, **shape}.items():
-            if not math.isfinite(value):
-                raise UserError(f"--{name.replace('_', '-')}={value} must be a finite number")
-        if self.repair_sigma < 0:
-            raise UserError(f"--repair-sigma={self.repair_sigma} must be 0 or more")
-        if self.dp_spare_ratio < 1:
-            raise UserError(
-                f"--dp-spare-ratio={self.dp_spare_ratio} holds fewer spares than there are slices in repair: "
-                "plain DP would wait for repairs; pass 1 or more"
-            )
-        if self.dp_spare_fraction >= 0.5:
-            raise UserError(
-                f"--dp-spare-ratio={self.dp_spare_ratio} with {100 * self.repair_fraction:.3g}% of slices in repair "
-                f"reserves {100 * self.dp_spare_fraction:.3g}% of chips as spares: shorten --repair-mean-h, "
-                "shrink --chips-per-slice or lower the ratio"
-            )
-
-    def as_dict(self) -> dict[str, float | int | str]:
-        """The constants as plain JSON-ready values."""
-        out = asdict(self)
-        out["repair_dist"] = self.repair_dist.value
-        return out
 
 
 @dataclass(frozen=True)
@@ -291,12 +221,12 @@ def cell_rng(seed: int, system: str, chips: float, learners: int) -> np.random.G
 def simulate_all(chips: float, learners: int, quorum: int, model: FailureModel, seed: int) -> dict[str, SystemResult]:
     """The three systems at one cluster size."""
     check_shape(chips, learners, quorum, seed)
-    model.validate()
     check_size(chips, model)
+    dp, elastic_dp, decoupled = SYSTEMS
     return {
-        "dp": simulate_dp(chips, model, cell_rng(seed, "dp", chips, 1)),
-        "elastic_dp": simulate_elastic(chips, model, cell_rng(seed, "elastic_dp", chips, 1)),
-        "decoupled": simulate_decoupled(chips, learners, quorum, model, cell_rng(seed, "decoupled", chips, learners)),
+        dp: simulate_dp(chips, model, cell_rng(seed, dp, chips, 1)),
+        elastic_dp: simulate_elastic(chips, model, cell_rng(seed, elastic_dp, chips, 1)),
+        decoupled: simulate_decoupled(chips, learners, quorum, model, cell_rng(seed, decoupled, chips, learners)),
     }
 
 
@@ -308,7 +238,7 @@ def expected_failures(chips: float, model: FailureModel) -> float:
 
 
 def check_size(chips: float, model: FailureModel, available_bytes: int | None = None) -> None:
-    """Raise UserError, before anything is drawn, for a simulation larger than this machine's memory."""
+    """Raise SettingError, before anything is drawn, for a simulation larger than this machine's memory."""
     failures = expected_failures(chips, model)
     need = BYTES_PER_FAILURE * failures
     if available_bytes is None:
@@ -316,29 +246,38 @@ def check_size(chips: float, model: FailureModel, available_bytes: int | None = 
 
         available_bytes = int(psutil.virtual_memory().available)
     if not need <= available_bytes:  # also refuses an infinite or NaN count
-        from dlc.plan.memory import format_bytes
+        from dlc.units import format_bytes
 
-        raise UserError(
+        raise SettingError(
             f"simulating {chips:.3g} chips for {model.horizon_days:g} days draws about {failures:.3g} failures "
-            f"({1 / model.mtbi_chip_years:g} per chip-year, over the horizon and a warm-up as long as the longest "
+            f"({model.failures_per_chip_year:g} per chip-year, over the horizon and a warm-up as long as the longest "
             f"repair), which needs about {format_bytes(need)} of memory; this machine has "
-            f"{format_bytes(available_bytes)} available: shorten --horizon-days, or lower --chips, "
-            "--failures-per-chip-year, --repair-mean-h or --dp-restart-s"
+            f"{format_bytes(available_bytes)} available: shorten ",
+            Setting("horizon_days"),
+            ", or lower ",
+            Setting("chips"),
+            ", ",
+            Setting("failures_per_chip_year"),
+            ", ",
+            Setting("repair_mean_h"),
+            " or ",
+            Setting("dp_restart_s"),
         )
 
 
 def check_shape(chips: float, learners: int, quorum: int, seed: int = 0) -> None:
-    """Raise UserError for a cluster that cannot be built."""
+    """Raise SettingError for a cluster that cannot be built."""
+    seed_, chips_, learners_, quorum_ = Setting("seed"), Setting("chips"), Setting("learners"), Setting("quorum")
     if not 0 <= seed <= MAX_SEED:
-        raise UserError(f"--seed={seed} must be between 0 and 2^63 - 1: pass e.g. --seed 0")
+        raise SettingError(seed_, f"={seed} must be between 0 and 2^63 - 1: pass e.g. ", seed_, " 0")
     if not (chips > 0 and math.isfinite(chips)):
-        raise UserError(f"--chips={chips:g} must be positive and finite: pass e.g. --chips 1.2M")
+        raise SettingError(chips_, f"={chips:g} must be positive and finite: pass e.g. ", chips_, " 1.2M")
     if learners < 1:
-        raise UserError(f"--learners={learners} must be at least 1")
+        raise SettingError(learners_, f"={learners} must be at least 1")
     if not 1 <= quorum <= learners:
-        raise UserError(f"--quorum={quorum} must be between 1 and --learners={learners}: lower the quorum")
+        raise SettingError(quorum_, f"={quorum} must be between 1 and ", learners_, f"={learners}: lower the quorum")
     if chips / learners < 1:
-        raise UserError(f"--learners={learners} leaves under one chip per learner at --chips={chips:g}")
+        raise SettingError(learners_, f"={learners} leaves under one chip per learner at ", chips_, f"={chips:g}")
 
 
 @dataclass(frozen=True)
@@ -360,7 +299,6 @@ def sweep(
     on_cell: Callable[[], None] | None = None,
 ) -> list[SweepRow]:
     """The paper's layout: plain DP, elastic DP, then decoupled for each M > 1."""
-    model.validate()
     ms = sorted({m for m in learners_list if m > 1})
     for chips in chips_list:
         for m in [1, *ms]:
@@ -376,15 +314,16 @@ def sweep(
                 on_cell()
         rows.append(SweepRow(label, system, m, tuple(results)))
 
-    run("DP, no elasticity", "dp", 1, lambda c: simulate_dp(c, model, cell_rng(seed, "dp", c, 1)))
-    run("DP, elastic", "elastic_dp", 1, lambda c: simulate_elastic(c, model, cell_rng(seed, "elastic_dp", c, 1)))
+    dp, elastic_dp, decoupled = SYSTEMS
+    run(LABELS[dp], dp, 1, lambda c: simulate_dp(c, model, cell_rng(seed, dp, c, 1)))
+    run(LABELS[elastic_dp], elastic_dp, 1, lambda c: simulate_elastic(c, model, cell_rng(seed, elastic_dp, c, 1)))
     for m in ms:
         k = min(quorum, m)
         run(
-            f"decoupled M={m}",
-            "decoupled",
+            f"{LABELS[decoupled]} M={m}",
+            decoupled,
             m,
-            lambda c, m=m, k=k: simulate_decoupled(c, m, k, model, cell_rng(seed, "decoupled", c, m)),
+            lambda c, m=m, k=k: simulate_decoupled(c, m, k, model, cell_rng(seed, decoupled, c, m)),
         )
     return rows
 

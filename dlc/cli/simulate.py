@@ -1,51 +1,27 @@
-"""`dlc simulate` and `dlc bandwidth`: planning instruments, no training involved.
+"""`dlc simulate`: goodput of plain DP, elastic DP and decoupled training under chip failures.
 
-Thin commands: parse options, call dlc.plan.simulate or dlc.plan.bandwidth, render. NumPy, Rich and
-matplotlib are imported inside the commands so importing this module stays cheap.
+Thin: parse the options into a `FailureModel`, call dlc.plan.simulate, render a table, JSON or a
+plot. NumPy, Rich and matplotlib are imported inside the command so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dlc.cli.options import format_count, parse_count, takes_settings
 from dlc.cli.tables import print_table
 from dlc.errors import UserError
+from dlc.plan.inputs import FailureModel
 
 if TYPE_CHECKING:
-    from dlc.plan.simulate import FailureModel, SweepRow, SystemResult
+    from dlc.plan.simulate import SweepRow, SystemResult
 
-_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-_COUNT = re.compile(r"^\s*([-+]?(?:\d[\d_]*\.?\d*|\.\d+)(?:e[-+]?\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
 _PAPER_SWEEP = "chips=150k,300k,600k,1.2M,2.4M learners=1,2,4,8,16"
-_SYSTEM_LABELS = {"dp": "DP, no elasticity", "elastic_dp": "DP, elastic", "decoupled": "decoupled"}
-
-
-def parse_count(text: str, option: str) -> float:
-    """Parse '150k', '1.2M', '5B', '2_400_000' or '1e6'; UserError naming ``option`` otherwise."""
-    match = _COUNT.match(text)
-    if match is None:
-        raise UserError(f"{option}={text!r} is not a count: write e.g. 150k, 1.2M, 5B or 2400000")
-    value = float(match.group(1).replace("_", "")) * _SUFFIX[match.group(2).lower()]
-    if not math.isfinite(value):
-        raise UserError(f"{option}={text!r} is too large to be a count: write e.g. 150k, 1.2M or 5B")
-    if not value > 0:
-        raise UserError(f"{option}={text!r} must be positive: write e.g. 150k or 1.2M")
-    return value
-
-
-def format_count(value: float) -> str:
-    """1_200_000 -> '1.2M', 150_000 -> '150k'."""
-    for suffix, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.4g}{suffix}"
-    return f"{value:g}"
 
 
 def _parse_axes(axes: list[str]) -> tuple[list[float], list[int]]:
@@ -102,7 +78,7 @@ def _plot(path: Path, chips: list[float], rows: list[SweepRow], model: FailureMo
     ax.set_ylabel("goodput (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.set_title(f"goodput at {1 / model.mtbi_chip_years:g} failure(s) per chip-year (squares: paper)")
+    ax.set_title(f"goodput at {model.failures_per_chip_year:g} failure(s) per chip-year (squares: paper)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     try:
@@ -126,30 +102,18 @@ def _run_sweep(chips: list[float], learners: list[int], quorum: int, model: Fail
         return sweep(chips, learners, quorum, model, seed, on_cell=lambda: progress.advance(task))
 
 
+@takes_settings(FailureModel, after="mtbi_chip_years", skip={"mtbi_chip_years"})
 def simulate_command(
     chips: Annotated[str, typer.Option(help="Chips in the cluster: 150k, 1.2M, 2400000.")] = "1.2M",
+    learners: Annotated[int, typer.Option("--learners", "-M", help="Decoupled learners M.")] = 8,
+    quorum: Annotated[int, typer.Option("--quorum", "-K", help="Learners that must be stepping to count as up.")] = 1,
     failures_per_chip_year: Annotated[
         float | None,
         typer.Option(help="Failures of one chip per year; 1 (the paper's) unless this or --mtbi-chip-years is given."),
     ] = None,
     mtbi_chip_years: Annotated[
-        float | None, typer.Option(help="Mean time between interruptions of one chip, in years.")
+        float | None, typer.Option(help=FailureModel.model_fields["mtbi_chip_years"].description)
     ] = None,
-    chips_per_slice: Annotated[int, typer.Option(help="Chips that a failure takes out together (one slice).")] = 64,
-    learners: Annotated[int, typer.Option("--learners", "-M", help="Decoupled learners M.")] = 8,
-    quorum: Annotated[int, typer.Option("--quorum", "-K", help="Learners that must be stepping to count as up.")] = 1,
-    repair_dist: Annotated[str, typer.Option(help="Repair-time shape: fixed, exponential or lognormal.")] = "lognormal",
-    repair_mean_h: Annotated[float, typer.Option(help="Mean time a failed slice is out of service, hours.")] = 4.2,
-    repair_sigma: Annotated[float, typer.Option(help="Shape of lognormal repairs (sigma of the log).")] = 1.0,
-    pause_on_failure_s: Annotated[float, typer.Option(help="Elastic reconfiguration pause when a slice fails.")] = 11.6,
-    pause_on_return_s: Annotated[
-        float, typer.Option(help="Elastic reconfiguration pause when a repaired slice rejoins.")
-    ] = 8.0,
-    dp_restart_s: Annotated[float, typer.Option(help="Plain DP: job restart after any failure, seconds.")] = 71.5,
-    dp_spare_ratio: Annotated[
-        float, typer.Option(help="Plain DP: idle hot spares, as a multiple of the mean number of slices in repair.")
-    ] = 3.0,
-    horizon_days: Annotated[float, typer.Option(help="Simulated time, days.")] = 30.0,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same numbers.")] = 0,
     sweep: Annotated[
         bool, typer.Option("--sweep", help=f"Sweep AXES (default: {_PAPER_SWEEP}) and plot goodput against chips.")
@@ -160,35 +124,20 @@ def simulate_command(
     plot_file: Annotated[Path, typer.Option(help="Where --sweep writes its PNG plot.")] = Path("goodput_vs_chips.png"),
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Do not write the sweep plot.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print only JSON (goodput as a fraction).")] = False,
+    **constants: Any,
 ) -> None:
     """Simulate goodput of plain DP, elastic DP and decoupled training under chip failures."""
-    from dlc.plan.simulate import FailureModel, RepairDist
-
     if failures_per_chip_year is not None and mtbi_chip_years is not None:
         raise UserError("--failures-per-chip-year and --mtbi-chip-years say the same thing: give one of them")
     if failures_per_chip_year is not None and not failures_per_chip_year > 0:
         raise UserError(f"--failures-per-chip-year={failures_per_chip_year} must be positive")
-    if repair_dist not in {d.value for d in RepairDist}:
-        raise UserError(f"--repair-dist={repair_dist!r} is not one of {', '.join(d.value for d in RepairDist)}")
     if axes and not sweep:
         raise UserError(f"{' '.join(axes)!r} looks like sweep axes: add --sweep, or drop them")
     if mtbi_chip_years is not None:
         mtbi = mtbi_chip_years
     else:
         mtbi = 1.0 / failures_per_chip_year if failures_per_chip_year is not None else 1.0
-    model = FailureModel(
-        mtbi_chip_years=mtbi,
-        chips_per_slice=chips_per_slice,
-        repair_dist=RepairDist(repair_dist),
-        repair_mean_h=repair_mean_h,
-        repair_sigma=repair_sigma,
-        pause_on_failure_s=pause_on_failure_s,
-        pause_on_return_s=pause_on_return_s,
-        dp_restart_s=dp_restart_s,
-        dp_spare_ratio=dp_spare_ratio,
-        horizon_days=horizon_days,
-    )
-    model.validate()
+    model = FailureModel(mtbi_chip_years=mtbi, **constants)
     if sweep:
         _report_sweep(axes or [], quorum, model, seed, None if no_plot else plot_file, json_out)
     else:
@@ -197,19 +146,19 @@ def simulate_command(
 
 def _report_one(chips: float, learners: int, quorum: int, model: FailureModel, seed: int, json_out: bool) -> None:
     """Simulate one cluster size and print goodput and uptime per system."""
-    from dlc.plan.simulate import simulate_all
+    from dlc.plan.simulate import LABELS, simulate_all
 
     results = simulate_all(chips, learners, quorum, model, seed)
     if json_out:
         systems = {name: _result_json(r) for name, r in results.items()}
         typer.echo(json.dumps({"systems": systems, "constants": _constants(model, learners, quorum, seed)}))
         return
-    labels = {**_SYSTEM_LABELS, "decoupled": f"decoupled M={learners} K={quorum}"}
+    labels = {**LABELS, "decoupled": f"{LABELS['decoupled']} M={learners} K={quorum}"}
     rows = [
         [labels[n], f"{100 * r.goodput:.1f}", f"{100 * r.uptime:.1f}", f"{r.failures:,}"] for n, r in results.items()
     ]
     title = (
-        f"{format_count(chips)} chips, {1 / model.mtbi_chip_years:g} failure(s)/chip-year, "
+        f"{format_count(chips)} chips, {model.failures_per_chip_year:g} failure(s)/chip-year, "
         f"{model.horizon_days:g} simulated days"
     )
     print_table(title, ["system", "goodput(%)", "uptime(%)", "failures"], rows, _constants_line(model))
@@ -256,17 +205,17 @@ def _report_sweep(
         table.append([r.label, *cells])
     header = ["goodput(%) (paper)", *[format_count(c) for c in chip_list]]
     footer = f"{_constants_line(model)}\n{len(table) * len(chip_list)} cells in {seconds:.1f} s"
-    title = f"goodput, {1 / model.mtbi_chip_years:g} failure(s)/chip-year, {model.horizon_days:g} simulated days"
+    title = f"goodput, {model.failures_per_chip_year:g} failure(s)/chip-year, {model.horizon_days:g} simulated days"
     print_table(title, header, table, footer)
     if plot_file is not None:
         typer.echo(f"plot: {plot_file}", err=True)
 
 
 def _constants(model: FailureModel, learners: int | None, quorum: int, seed: int) -> dict[str, Any]:
-    out: dict[str, Any] = dict(model.as_dict())
+    out: dict[str, Any] = model.model_dump(mode="json")
     out.update(
         {
-            "failures_per_chip_year": 1.0 / model.mtbi_chip_years,
+            "failures_per_chip_year": model.failures_per_chip_year,
             "repair_fraction": round(model.repair_fraction, 5),
             "dp_spare_fraction": round(model.dp_spare_fraction, 5),
             "quorum": quorum,
@@ -284,102 +233,4 @@ def _constants_line(model: FailureModel) -> str:
         f"constants: slice {m.chips_per_slice} chips, repair {m.repair_dist.value} mean {m.repair_mean_h:g} h, "
         f"pause {m.pause_on_failure_s:g} s on failure / {m.pause_on_return_s:g} s on return, "
         f"DP restart {m.dp_restart_s:g} s with {100 * m.dp_spare_fraction:.1f}% of chips as spares"
-    )
-
-
-def bandwidth_command(
-    params: Annotated[str, typer.Option(help="Model parameters: 5B, 1.2B, 350M.")] = "5B",
-    step_time_s: Annotated[float, typer.Option(help="Compute time of one inner step, seconds.")] = 1.0,
-    sites: Annotated[int, typer.Option(help="Datacentres (sites) joined by the WAN.")] = 2,
-    utilisation: Annotated[float, typer.Option(help="Target compute utilisation, a fraction below 1.")] = 0.9,
-    bits_per_value: Annotated[float, typer.Option(help="Bits per value that DP and DiLoCo send (16: bf16).")] = 16.0,
-    fragments: Annotated[int, typer.Option(help="Fragments P; one is sent every H/P steps.")] = 24,
-    inner_steps: Annotated[int, typer.Option("--inner-steps", "-H", help="H: inner steps between syncs.")] = 100,
-    tau: Annotated[float, typer.Option(help="Overlap: steps a decoupled fragment may take to come back.")] = 2.0,
-    backward_fraction: Annotated[
-        float,
-        typer.Option(help="Share of a step spent in the backward pass (gradients leave then).", show_default="2/3"),
-    ] = 2.0 / 3.0,
-    buckets: Annotated[int, typer.Option(help="Gradient buckets per backward pass in the simulation.")] = 32,
-    int4_block: Annotated[int, typer.Option(help="int4 values per block scale.")] = 64,
-    int4_scale_bits: Annotated[int, typer.Option(help="Bits of one int4 block scale (32: float32).")] = 32,
-    json_out: Annotated[bool, typer.Option("--json", help="Print only JSON.")] = False,
-    recipe: Annotated[
-        Path | None,
-        typer.Option(help="Predict the bytes per learner step of `dlc train RECIPE` instead.", show_default=False),
-    ] = None,
-) -> None:
-    """WAN bandwidth per site that DP, blocking DiLoCo and decoupled need to hit a utilisation target."""
-    if recipe is not None:
-        _recipe_traffic(recipe, json_out)
-        return
-    from dlc.plan.bandwidth import LinkSetup, plan
-
-    setup = LinkSetup(
-        params=parse_count(params, "--params"),
-        step_time_s=step_time_s,
-        sites=sites,
-        utilisation=utilisation,
-        bits_per_value=bits_per_value,
-        fragments=fragments,
-        H=inner_steps,
-        tau=tau,
-        backward_fraction=backward_fraction,
-        buckets=buckets,
-        int4_block=int4_block,
-        int4_scale_bits=int4_scale_bits,
-    )
-    rows = plan(setup)
-    if json_out:
-        out = {
-            r.approach: {
-                "gbps": round(r.gbps, 4),
-                "sim_gbps": round(r.sim_gbps, 4),
-                "bits_per_value": r.bits_per_value,
-                "gbit_per_step": round(r.gbit_per_step, 4),
-            }
-            for r in rows
-        }
-        typer.echo(json.dumps(out))
-        return
-    table = [
-        [r.approach, f"{r.bits_per_value:g}", f"{r.gbps:.3g}", f"{r.sim_gbps:.3g}", f"{r.gbit_per_step:.3g}"]
-        for r in rows
-    ]
-    title = (
-        f"{format_count(setup.params)} params, {sites} sites, {step_time_s:g} s steps, "
-        f"{100 * utilisation:g}% utilisation, H={inner_steps}, P={fragments}, tau={tau:g}"
-    )
-    header = ["approach", "bits/value", "closed form(Gbit/s)", "step sim(Gbit/s)", "mean sent(Gbit/step)"]
-    print_table(
-        title, header, table, "decoupled never waits: it needs the mean rate and each fragment back in tau steps"
-    )
-
-
-def _recipe_traffic(path: Path, json_out: bool) -> None:
-    from dlc.config.load import load_recipe
-    from dlc.plan.bandwidth import recipe_traffic
-
-    recipe = load_recipe(path)
-    traffic = recipe_traffic(recipe)
-    if json_out:
-        typer.echo(json.dumps({k: round(v, 3) for k, v in traffic.items()}))
-        return
-    table = [
-        ["up (learner -> syncer)", f"{traffic['up_bytes_per_step']:,.1f}"],
-        ["down (syncer -> learner)", f"{traffic['down_bytes_per_step']:,.1f}"],
-        ["one fp32 gradient", f"{traffic['fp32_gradient_bytes']:,.0f}"],
-    ]
-    share, total = traffic["up_vs_fp32_gradient"], traffic["total_vs_dp_fp32"]
-    note = "nothing is sent"
-    if share:
-        note = (
-            f"up is 1/{1 / share:.0f} of an fp32 gradient per step; up + down is 1/{1 / total:.0f} of what "
-            "data-parallel moves (an fp32 gradient up and the model down every step)"
-        )
-    print_table(
-        f"{path}: algorithm {recipe.algorithm}, {traffic['params']:,} parameters",
-        ["per learner step", "bytes"],
-        table,
-        note,
     )

@@ -1,0 +1,112 @@
+"""The manual's generated reference pages: the command line, walked from the Typer app, and the
+writer that keeps every generated page (recipe, chaos plans, command line) current.
+
+    python -m dlc.cli.reference            # rewrite the generated part of docs/reference/*.md
+
+A page is prose a person wrote, then MARKER, then the generated text; the writer replaces only what
+follows the marker, and tests/test_docs.py fails when a page differs from what it would write.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+from typer.core import TyperArgument, TyperOption
+
+MARKER = "<!-- Generated from the code below this line; regenerate with: python -m dlc.cli.reference -->"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _cell(text: str) -> str:
+    """Text that stays inside one cell of a Markdown table."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _default(option: TyperOption) -> str:
+    if option.is_flag:
+        return "on" if option.default else "off"
+    if isinstance(option.show_default, str):  # the command chose how its default reads (2/3, not 0.666...)
+        return option.show_default
+    return "-" if option.default is None else str(option.default)
+
+
+def _usage(name: str, command: typer.core.TyperCommand) -> str:
+    pieces = [f"dlc {name}"]
+    if any(isinstance(p, TyperOption) for p in command.params):
+        pieces.append("[OPTIONS]")
+    for param in command.params:
+        if not isinstance(param, TyperArgument):
+            continue
+        shown = param.metavar or (param.name or "").upper()
+        repeated = "..." if param.nargs == -1 else ""
+        pieces.append(f"{shown}{repeated}" if param.required else f"[{shown}]{repeated}")
+    return " ".join(pieces)
+
+
+def _command_section(name: str, command: typer.core.TyperCommand) -> list[str]:
+    lines = [f"## `dlc {name}`", "", _cell(command.help or ""), "", "```text", _usage(name, command), "```", ""]
+    arguments = [p for p in command.params if isinstance(p, TyperArgument)]
+    options = [p for p in command.params if isinstance(p, TyperOption)]
+    if arguments:
+        lines += ["| argument | meaning |", "|---|---|"]
+        for arg in arguments:
+            shown = arg.metavar or (arg.name or "").upper()
+            need = "Required. " if arg.required else ""
+            lines.append(f"| `{shown}` | {need}{_cell(getattr(arg, 'help', None) or '')} |")
+        lines.append("")
+    if options:
+        lines += ["| option | default | meaning |", "|---|---|---|"]
+        for opt in options:
+            names = ", ".join(f"`{flag}`" for flag in [*opt.opts, *opt.secondary_opts])
+            lines.append(f"| {names} | `{_default(opt)}` | {_cell(opt.help or '')} |")
+        lines.append("")
+    return lines
+
+
+def cli_markdown() -> str:
+    """Every `dlc` command with its usage, arguments, options, defaults and help, as Markdown."""
+    from dlc.cli.app import app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup), "the dlc app has several commands, so Typer makes it a group"
+    lines = [_cell(group.help or ""), "", "```text", "dlc COMMAND --help", "```", ""]
+    for name, command in group.commands.items():  # in the order the app registers them
+        lines += _command_section(name, command)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def generators() -> dict[str, Callable[[], str]]:
+    """Each generated page's file name under docs/reference/, and the function that writes its text."""
+    from chaos.plan import reference_markdown as plan_reference
+    from dlc.config.reference import reference_markdown as recipe_reference
+
+    return {"recipe.md": recipe_reference, "chaos-plans.md": plan_reference, "cli.md": cli_markdown}
+
+
+def page_with(page: str, generated: str) -> str:
+    """The page with everything after its marker replaced by `generated`."""
+    if MARKER not in page:
+        raise ValueError(f"the page has no line {MARKER!r}: add it where the generated text begins")
+    return f"{page.split(MARKER, 1)[0]}{MARKER}\n\n{generated.strip()}\n"
+
+
+def write_pages(reference_dir: Path = DOCS / "reference") -> list[Path]:
+    """Rewrite the generated part of every reference page; returns the pages that changed."""
+    changed = []
+    for name, generate in generators().items():
+        path = reference_dir / name
+        old = path.read_text()
+        new = page_with(old, generate())
+        if new != old:
+            path.write_text(new)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    where = Path(sys.argv[1]) if len(sys.argv) > 1 else DOCS / "reference"
+    for page in write_pages(where):
+        print(f"rewrote {page}")

@@ -1,0 +1,99 @@
+"""How learners synchronise: the decoupled syncer's settings, and those of the blocking baselines."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from dlc.config.section import Section
+
+
+class SyncerConfig(Section):
+    """Settings of the syncer that merges learners' progress (Decoupled DiLoCo)."""
+
+    fragments: int = Field(
+        24, ge=1, description="P: parameter fragments, synced one at a time on a staggered schedule."
+    )
+    sync_interval_steps: int = Field(24, ge=1, description="H: inner steps between two syncs of the same fragment.")
+    overlap_steps: int = Field(
+        2, ge=0, description="tau: steps a learner trains on before adopting a merged fragment it sent for."
+    )
+    quorum: int = Field(1, ge=1, description="K: healthy learners whose pushes a round needs before it may close.")
+    grace_gamma: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Grace window = gamma * (tau * step time - quorum time - sync time): 1 waits for late "
+        "answers as long as the merge still reaches learners by the time they adopt it.",
+    )
+    heartbeat_interval_s: float = Field(0.5, gt=0, description="Seconds between a learner's heartbeats.")
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="A learner silent this long is unhealthy: rounds stop waiting for it."
+    )
+    max_staleness: int = Field(4, ge=0, description="Reject a push whose base is more than this many versions old.")
+    weighting: Literal["uniform", "tokens", "tokens_squared_per_step"] = Field(
+        "tokens_squared_per_step",
+        description="Merge weights: uniform, by tokens, or tokens^2/steps (data seen times tokens per step: fair "
+        "to slow learners).",
+    )
+    merge: Literal["mean", "rda"] = Field(
+        "rda",
+        description="rda: radial-directional averaging per tensor (weighted mean for embeddings); mean: weighted "
+        "average of deltas.",
+    )
+    outer_lr: float = Field(
+        1.0, gt=0, description="Outer Nesterov SGD learning rate (1.0 with momentum 0: the weighted average)."
+    )
+    outer_momentum: float = Field(
+        0.0, ge=0, lt=1, description="Outer Nesterov momentum (DiLoCo uses 0.9 with lr 0.7 at H=500)."
+    )
+    adopt: Literal["replace", "mix", "rebase"] = Field(
+        "replace",
+        description="How a learner adopts a merged fragment: replace its values, mix them (mix_alpha), or "
+        "rebase (keep the progress made while the fragment was in flight).",
+    )
+    mix_alpha: float = Field(0.5, ge=0, le=1, description="adopt=mix: weight of the learner's own values.")
+    codec: Literal["none", "bf16", "int8", "int4"] = Field(
+        "int4", description="Compression of outer gradients learner -> syncer (none = fp32)."
+    )
+    codec_block_values: int = Field(64, ge=2, description="Values per absmax scale block for int8 / int4.")
+    down_codec: Literal["none", "bf16", "int8", "int4"] = Field(
+        "bf16",
+        description="Merged fragments syncer -> learner, once per round: none (fp32) or bf16 send the value; "
+        "int8 / int4 send the difference from the version the learner holds, the error fed back next round.",
+    )
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved for the syncer.")
+    channel: Literal["direct", "ray"] = Field(
+        "direct",
+        description="How requests, pushes, merged fragments and heartbeats travel: direct, on one authenticated "
+        "socket per learner to the syncer's node (about a seventh of the CPU of an actor call); ray, as Ray actor "
+        "calls.",
+    )
+    checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
+
+    @field_validator("weighting", mode="before")
+    @classmethod
+    def _renamed_weighting(cls, value: Any) -> Any:
+        if value == "tokens_per_step":
+            raise ValueError(
+                "syncer.weighting=tokens_per_step is now called tokens_squared_per_step (the weight is "
+                "tokens^2 / steps): rename it in the recipe"
+            )
+        return value
+
+
+class BlockingConfig(Section):
+    """Settings of the blocking baselines, dp and diloco."""
+
+    reconfigure_s: float = Field(
+        20.0,
+        ge=0,
+        description="Elastic pause: the whole job stops this long each time a learner is lost or returns "
+        "(the constant dlc simulate fits to the paper's elastic-DP goodput).",
+    )
+    dp_codec: Literal["none", "bf16"] = Field(
+        "none",
+        description="dp: encoding of the gradient every learner sends every step and of the model it gets back "
+        "(none = fp32).",
+    )

@@ -16,8 +16,8 @@ from dlc.core.codec import get_codec
 from dlc.core.learner import Learner
 from dlc.core.model import flatten_params
 from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
-from dlc.engine.local import Direct
 from dlc.net.transport import Transport
+from tests.fakes import Direct
 from tests.helpers import FakeClock
 
 SMALL = {

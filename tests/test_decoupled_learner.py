@@ -9,7 +9,8 @@ from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import load_corpus, split_corpus
-from dlc.engine.local import Direct, InProcessRun
+from dlc.engine.local import InProcessRun
+from tests.fakes import Direct
 from tests.helpers import twin_recipe
 
 
@@ -29,7 +30,7 @@ def test_two_learners_contribute_merge_and_learn():
     # (`EARLY_OPEN`): the learners read its requests at their next step.
     assert run.syncer.schedule.global_step == pytest.approx(39.0)
     assert run.syncer.schedule.next_round == 39
-    assert 35 <= run.syncer.rounds_closed <= 38
+    assert 35 <= run.syncer.counters.rounds_closed <= 38
     assert run.syncer.requests_sent == 2 * 39
     assert [s.requests for s in run.syncs] == [38, 38]
     run.finish()
@@ -54,7 +55,7 @@ def test_bytes_per_push_match_the_codec():
         expected = sum(codec.encoded_nbytes(plan.size(e["fragment"])) for e in pushed if e["learner"] == learner)
         assert run.syncs[learner].transport.bytes_sent == expected
         assert all(e["bytes"] == codec.encoded_nbytes(plan.size(e["fragment"])) for e in pushed)
-    assert run.syncer.bytes_up == sum(s.transport.bytes_sent for s in run.syncs)
+    assert run.syncer.counters.bytes_up == sum(s.transport.bytes_sent for s in run.syncs)
 
 
 @pytest.mark.parametrize("mode", ["replace", "mix", "rebase"])
@@ -123,7 +124,7 @@ def test_differences_sent_down_resolve_in_version_order_against_the_held_value()
     run = make_run(twin_recipe(learners=1, down_codec="int4"))
     sync = run.syncs[0]
     p = 1
-    base = sync.held[p][1]
+    base = sync.received.held[p][1]
     codec = get_codec("int4", 64)
     d1, d2 = np.full(base.size, 0.5, np.float32), np.full(base.size, -0.25, np.float32)
     v1 = base + codec.decode(codec.encode(d1))
@@ -131,15 +132,15 @@ def test_differences_sent_down_resolve_in_version_order_against_the_held_value()
     sync.receive(MergedFragment(p, 2, codec.encode(d2), 0.0, base_version=1))
     sync.learner.train_step()
     sync.after_step()
-    assert sync.versions[p] == 0 and 1 in sync.parked[p]
+    assert sync.versions[p] == 0 and 1 in sync.received.parked[p]
     sync.receive(MergedFragment(p, 1, codec.encode(d1), 0.0, base_version=0))
     sync.learner.train_step()
     sync.after_step()
-    assert sync.versions[p] == 2 and not sync.parked[p]
+    assert sync.versions[p] == 2 and not sync.received.parked[p]
     np.testing.assert_allclose(sync.gather(p), v1 + codec.decode(codec.encode(d2)), rtol=1e-6)
     # A copy from a peer holds no known version: differences wait until a whole value comes.
     sync.adopt_peer(*sync.peer_view())
-    assert sync.held[p] is None
+    assert sync.received.held[p] is None
     sync.receive(MergedFragment(p, 3, codec.encode(d1), 0.0, base_version=2))
     sync.receive(MergedFragment(p, 3, get_codec("none").encode(np.ones(base.size, np.float32)), 0.0))
     sync.learner.train_step()
@@ -150,7 +151,7 @@ def test_differences_sent_down_resolve_in_version_order_against_the_held_value()
     sync.receive(MergedFragment(p, 2, get_codec("none").encode(np.zeros(base.size, np.float32)), 0.0))
     sync.learner.train_step()
     sync.after_step()
-    assert sync.held[p][0] == 3 and sync.versions[p] == 3
+    assert sync.received.held[p][0] == 3 and sync.versions[p] == 3
 
 
 def test_bandwidth_prediction_equals_bytes_sent():
@@ -174,7 +175,7 @@ def test_each_function_compiles_once_through_adoptions_restores_and_copies(tmp_p
     # A jitted function compiles anew for every mix of committed and uncommitted inputs it sees
     # (orbax restores committed arrays, host values are uncommitted): a learner that restores a
     # checkpoint, copies a peer or takes the global fragments must not compile anything again.
-    from dlc.core.runtime import CompileLog
+    from dlc.core.compile_cache import CompileLog
     from dlc.run.checkpoint import Checkpointer
 
     log = CompileLog(cached=False)

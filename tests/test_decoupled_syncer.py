@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from dlc.algo import get_algorithm
+from dlc.algo.counters import SyncCounters
 from dlc.algo.decoupled.messages import MergedFragment, Push
 from dlc.algo.decoupled.syncer import IDLE_TICK_S, DecoupledSyncer
 from dlc.config.schema import Recipe
@@ -66,8 +68,8 @@ def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
     assert [m for m, _ in delivered] == [0, 1, 2]  # every member, contributor or not
     assert all(msg.version == 1 and msg.fragment == 0 for _, msg in delivered)
     # Down in bf16 (the default), once per round to each member: 2 bytes a value. Up: fp32 here.
-    assert syncer.bytes_down == 3 * size * 2 and syncer.bytes_up == 2 * size * 4
-    assert syncer.contributed == {0: 1, 1: 1}
+    assert syncer.counters.bytes_down == 3 * size * 2 and syncer.counters.bytes_up == 2 * size * 4
+    assert syncer.counters.contributed == {0: 1, 1: 1}
     closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
     assert closed[0]["contributors"] == [0, 1] and closed[0]["weights"] == [0.2, 0.8]
 
@@ -112,7 +114,7 @@ def test_flush_closes_rounds_without_quorum_and_state_round_trips():
     tree, meta = syncer.state()
     other, _, _, _ = make(quorum=2)
     other.load(tree, meta)
-    assert other.book.versions == (0, 1) and other.rounds_closed == 1
+    assert other.book.versions == (0, 1) and other.counters.rounds_closed == 1
     np.testing.assert_array_equal(other.theta[1], syncer.theta[1])
     flat = other.global_params({"a": np.zeros((4, 2), np.float32), "b": np.zeros(8, np.float32)})
     assert sum(int(np.count_nonzero(v)) for v in flat.values()) == plan.size(1)
@@ -278,7 +280,7 @@ def test_int4_downlink_sends_differences_and_feeds_the_error_back():
     # By hand: absmax 0.7 over 7 levels is a step of 0.1; -0.14 rounds to -1 step, -0.1.
     held = [0.7, 0.3, -0.1, 0.0] * 2
     np.testing.assert_allclose(get_codec("int4", 4).decode(first.payload), held, atol=1e-6)
-    np.testing.assert_allclose(syncer.held[0], held, atol=1e-6)
+    np.testing.assert_allclose(syncer.downlink.held[0], held, atol=1e-6)
     # The 0.04 int4 lost goes down with the next round of fragment 0, though theta does not move:
     # absmax 0.04 over 7 levels, and -0.04 is exactly -7 steps.
     delivered.clear()
@@ -288,14 +290,14 @@ def test_int4_downlink_sends_differences_and_feeds_the_error_back():
     second = delivered[0][1]
     assert second.base_version == 1
     np.testing.assert_allclose(get_codec("int4", 4).decode(second.payload), [0, 0, -0.04, 0] * 2, atol=1e-6)
-    np.testing.assert_allclose(syncer.held[0], theta, atol=1e-6)  # the learners now hold theta
+    np.testing.assert_allclose(syncer.downlink.held[0], theta, atol=1e-6)  # the learners now hold theta
     # A restarted learner holds a peer's copy, no version of ours: at once it gets every fragment
     # merged so far whole (fragment 1 never was), then differences like everyone.
     delivered.clear()
     syncer.rejoin(1)
     ((learner, whole),) = delivered
     assert learner == 1 and whole.fragment == 0 and whole.version == 2 and whole.base_version is None
-    np.testing.assert_array_equal(get_codec("none").decode(whole.payload), syncer.held[0])
+    np.testing.assert_array_equal(get_codec("none").decode(whole.payload), syncer.downlink.held[0])
     delivered.clear()
     syncer.open_round(0)
     syncer.push(push(0, 0, np.zeros(8), seq=2, base=2))
@@ -363,3 +365,46 @@ def test_a_learner_back_while_a_round_is_open_is_asked_for_the_fragment():
     assert asked == [(0, 1), (1, 1)]
     syncer.tick()
     assert asked == [(0, 1), (1, 1)]  # once
+
+
+def test_counters_render_the_status_fields_every_syncer_reports_and_round_trip():
+    counters = SyncCounters()
+    counters.pushed(2, 100, now=1.0)
+    counters.pushed(0, 50, now=3.0)
+    counters.accepted += 2
+    counters.round_closed([0, 2])
+    counters.round_closed([2])
+    counters.bytes_down += 30
+    # 3 contributions over 2 rounds: 1.5 a round; at t = 4 learner 2 last pushed 3 s ago, learner 0 1 s ago.
+    assert counters.status(now=4.0) == {
+        "rounds_closed": 2,
+        "mean_contributors": 1.5,
+        "pushes_accepted": 2,
+        "bytes_up": 150,
+        "bytes_down": 30,
+        "contributed": {"0": 1, "2": 2},
+        "last_push_age_s": {"2": 3.0, "0": 1.0},
+    }
+    restored = SyncCounters()
+    restored.load(counters.state())  # a checkpoint keeps the counts, not who pushed when
+    assert restored.status(now=4.0) == {**counters.status(now=4.0), "last_push_age_s": {}}
+
+
+def test_the_syncer_of_algorithm_none_never_asks_a_learner_however_far_they_step():
+    recipe = Recipe.model_validate({"algorithm": "none", "learners": {"count": 2}})
+    clock = FakeClock()
+    sent = []
+    initial = {"a": np.zeros((4, 2), np.float32)}
+    syncer = get_algorithm("none").syncer(recipe, initial, lambda m, msg: sent.append((m, msg)) or 0, clock)
+    for m in range(2):
+        syncer.join(m)
+    for tick in range(1, 101):  # 10 s at 10 steps/s: many rounds' worth of global steps on a schedule
+        clock.now = tick * 0.1
+        for m in range(2):
+            syncer.heartbeat(m, tick)
+        assert syncer.tick() == 0
+    assert sent == [] and syncer.schedule.next_round == 0
+    assert syncer.active() == {0, 1}  # it still tells who is stepping
+    assert syncer.next_tick_in() == IDLE_TICK_S
+    status = syncer.status()
+    assert status["global_step"] == 0.0 and status["grace_window_s"] == 0.0 and status["versions"] == [0]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from dlc.algo.decoupled.messages import MergedFragment
-from dlc.config.schema import LinkSpec, Recipe
+from dlc.config.learners import LinkSpec
+from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.net.link import DelayLine, Link
 from dlc.net.transport import Transport

@@ -77,7 +77,8 @@ def null_syncer(
     recipe: Recipe, initial: dict[str, np.ndarray], deliver: Callable[..., int], clock: Callable[[], float]
 ) -> Any:
     """The decoupled syncer with one fragment that nobody pushes to: versions stay 0, no round closes."""
+    from dlc.algo.decoupled.schedule import NoRounds
     from dlc.algo.decoupled.syncer import DecoupledSyncer
 
     plan = FragmentPlan.build(shapes_of(initial), 1)
-    return DecoupledSyncer(recipe, plan, initial, deliver, clock, scheduled=False)
+    return DecoupledSyncer(recipe, plan, initial, deliver, clock, NoRounds.from_recipe(recipe, 1))

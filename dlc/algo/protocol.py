@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dlc.algo.counters import SyncCounters
+
 
 class LearnerSync(Protocol):
     """A learner's side of synchronisation; `step` is one step of its loop (train, then send or
@@ -52,7 +54,7 @@ class Syncer(Protocol):
     `replay` can re-apply after a restart from the last checkpoint.
     """
 
-    rounds_closed: int
+    counters: SyncCounters  # rounds closed, bytes each way: what its status reports
     journal: Callable[[dict[str, Any]], None] | None
 
     def join(self, learner: int, holds_initial: bool = True) -> None: ...  # False: its state is unknown

@@ -9,15 +9,14 @@ that one connection. Ray still starts, places, watches and restarts the processe
 everything else (state copies, polls, control); the transport's link emulation sits in front of
 these channels as it does in front of actor calls.
 
-A connection is served only after it proves it holds the run's key (the HMAC challenge of
-`multiprocessing.connection`); learners get the key from the syncer through Ray. The messages of
-every step travel in fixed layouts, the rest pickled (`dlc.net.wire`), and nothing is read before
-that proof.
+A connection is served only after it proves it holds the run's key (`dlc.net.framing`); learners
+get the key from the syncer through Ray. The messages of every step travel in fixed layouts, the
+rest pickled (`dlc.net.wire`), and nothing is read before that proof.
 
 Failures keep the semantics of fire-and-forget actor calls: a message to or from a process that
 died is lost, never an error for the sender, and nobody waits on a frozen process. Each learner's
-messages from the syncer have a queue and a thread of their own (a frozen learner fills only its
-own socket), held until its process connects; a new member or a new incarnation gets a fresh
+messages from the syncer have a queue and a thread of their own (`dlc.net.port`: a frozen learner
+fills only its own socket), held until its process connects; a new member or a new incarnation gets a fresh
 queue. A message the learner's socket takes whole is written on the syncer's thread that sends it
 (a thread woken per message costs a busy core more than the write); the port's thread finishes
 one the socket does not take, and sends what queues behind it. A message going to every member
@@ -31,24 +30,16 @@ import contextlib
 import itertools
 import os
 import socket
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import (
-    AuthenticationError,
-    Connection,
-    answer_challenge,
-    deliver_challenge,
-)
+from multiprocessing.connection import Connection
 from typing import Any
 
 from dlc.net import wire
-
-# Errors of a connection that closed, broke or was hung up on: the peer is gone.
-_GONE = (EOFError, OSError, ValueError, AuthenticationError)
+from dlc.net.framing import GONE, Frame, Peer, authenticate, connection, encode_frame, hang_up
+from dlc.net.port import Port
 
 
 @dataclass(frozen=True)
@@ -73,205 +64,6 @@ class Barrier:
     token: int
 
 
-def _connection(sock: socket.socket) -> Connection:
-    """A blocking TCP socket as a message connection; small messages leave at once (no Nagle delay)."""
-    sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return Connection(sock.detach())
-
-
-def _hang_up(conn: Connection) -> None:
-    """Shut the connection down both ways, waking any thread blocked on it; its reader closes it."""
-    try:
-        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-    except OSError:  # already closed or never connected
-        pass
-
-
-Frame = list[memoryview]  # a message as `Connection.recv_bytes` reads it: a header, then its bytes
-# The most buffers one sendmsg takes (a batch of many messages is written in several calls).
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-
-
-def _frame(message: Any) -> Frame:
-    """`message` as `dlc.net.wire` writes it, framed as `multiprocessing.connection.Connection.send_bytes` frames it."""
-    body = wire.dumps(message)
-    n = len(body)
-    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
-    return [memoryview(header), memoryview(body)]
-
-
-def _after(frame: Frame, sent: int) -> Frame:
-    """What is left of `frame` once its first `sent` bytes are written."""
-    rest = []
-    for buf in frame:
-        if sent >= len(buf):
-            sent -= len(buf)
-        else:
-            rest.append(buf[sent:])
-            sent = 0
-    return rest
-
-
-class _Peer:
-    """One learner process's connection as the syncer holds it: whole messages, one writer at a time.
-
-    A message either goes whole (`send`, waiting as long as the socket does) or begins without
-    waiting (`start`): then whatever the socket did not take is the connection's `rest`, which
-    must be written before anything else is.
-    """
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self._sock = socket.socket(fileno=os.dup(conn.fileno()))  # for writes that must not wait
-        self._lock = threading.Lock()
-        self.rest: Frame = []
-        self.received = 0  # messages read from it (by its reader thread alone)
-
-    def send(self, frame: Frame) -> bool:
-        """Write the rest of a message begun, then `frame` (nothing when empty); False if the
-        connection is gone (the message is lost, like a call to a dead actor)."""
-        try:
-            with self._lock:
-                self._write_all(self.rest)
-                self.rest = []
-                self._write_all(frame)
-            return True
-        except _GONE:
-            return False
-
-    def start(self, frame: Frame) -> bool:
-        """Write what the socket takes of `frame` now, never waiting; the remainder becomes `rest`.
-
-        False when nothing was begun: another write holds the connection or a rest is pending.
-        OSError if the connection is gone.
-        """
-        if not self._lock.acquire(blocking=False):
-            return False
-        try:
-            if self.rest:
-                return False
-            try:
-                sent = self._sock.sendmsg(frame[:_IOV_MAX], [], socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-            except BlockingIOError:
-                sent = 0
-            self.rest = _after(frame, sent)
-            return True
-        finally:
-            self._lock.release()
-
-    def _write_all(self, frame: Frame) -> None:
-        while frame:
-            frame = _after(frame, self._sock.sendmsg(frame[:_IOV_MAX], [], socket.MSG_NOSIGNAL))
-
-    def close(self) -> None:
-        with self._lock:  # not under a send on another thread
-            self.conn.close()
-            self._sock.close()
-
-
-class Port:
-    """The syncer's messages to one learner, in order, never waiting on the caller's thread.
-
-    `remote(message)` returns at once (the shape of a Ray method, so the transport can hold it
-    behind an emulated link). The message is written on the caller's thread when the learner's
-    socket takes it whole; otherwise the port's own thread finishes it, waiting as long as the
-    learner takes to read, and sends what queued behind it. Messages wait until the learner's
-    process connects; when its connection breaks they wait for the next one, until the port is
-    closed.
-    """
-
-    def __init__(self, learner: int, hub: Hub) -> None:
-        self.learner = learner
-        self._hub = hub
-        self._queue: deque[Frame] = deque()
-        self._cond = threading.Condition()
-        self._peer: _Peer | None = None
-        self._writing = False  # a thread is writing one of this port's messages
-        self._closed = False
-        threading.Thread(target=self._run, name=f"port-{learner}", daemon=True).start()
-
-    def remote(self, message: Any) -> None:
-        frame = self._hub.frame(message)
-        batch = self._hub.batch_of_this_thread()
-        if batch is not None:  # it leaves with the batch (`Hub.batch`)
-            batch.setdefault(self, []).extend(frame)
-        else:
-            self.write(frame)
-
-    def write(self, frame: Frame) -> None:
-        """Write `frame` (one message or several) now if the socket takes it, else queue it."""
-        with self._cond:
-            if self._closed:
-                return
-            peer = self._peer
-            if peer is None or self._writing or self._queue:
-                self._queue.append(frame)
-                self._cond.notify()
-                return
-            self._writing = True
-        try:
-            begun = peer.start(frame)
-        except _GONE:  # lost; the next messages wait for a new connection
-            begun = True
-            self.detach(peer)
-        with self._cond:
-            self._writing = False
-            if not begun:
-                self._queue.appendleft(frame)
-            if self._queue or peer.rest:  # the port's thread finishes what the socket did not take
-                self._cond.notify()
-
-    def attach(self, peer: _Peer) -> None:
-        """From now on messages go to `peer` (a learner process that connected, or connected again)."""
-        with self._cond:
-            old, self._peer = self._peer, peer
-            self._cond.notify()
-        if old is not None and old is not peer:
-            _hang_up(old.conn)
-
-    def close(self) -> None:
-        """Drop what is queued and send nothing more: the learner left, or a new incarnation replaces
-        it. Its connection stays up: a learner told to leave still sends its last pushes."""
-        with self._cond:
-            self._closed = True
-            self._queue.clear()
-            self._peer = None
-            self._cond.notify()
-
-    def detach(self, peer: _Peer) -> None:
-        """`peer`'s connection ended: hold messages for the next one."""
-        with self._cond:
-            if self._peer is peer:
-                self._peer = None
-
-    @property
-    def connected(self) -> bool:
-        return self._peer is not None
-
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._queue)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and (
-                    self._peer is None or self._writing or not (self._queue or self._peer.rest)
-                ):
-                    self._cond.wait()
-                if self._closed:
-                    return
-                peer, frame = self._peer, self._queue.popleft() if self._queue else []
-                self._writing = True
-            sent = peer.send(frame)  # the rest of a message begun on a caller's thread first
-            with self._cond:
-                self._writing = False
-            if not sent:  # lost; the next messages wait for a new connection
-                self.detach(peer)
-
-
 class Hub:
     """The syncer's end: a listener on `host`, one reader thread per learner process, one port per member.
 
@@ -288,7 +80,7 @@ class Hub:
         self._handle = handle
         self._lock = threading.Lock()
         self._ports: dict[int, Port] = {}
-        self._peers: set[_Peer] = set()
+        self._peers: set[Peer] = set()
         self._received_before = 0  # messages read from connections since ended
         self._last: tuple[Any, Frame] | None = None  # the last message framed, and its frame
         self._batches = threading.local()  # per thread: None, or each port's frames (`batch`)
@@ -309,7 +101,7 @@ class Hub:
         last = self._last
         if last is not None and last[0] is message:
             return last[1]
-        frame = _frame(message)
+        frame = encode_frame(message)
         self._last = (message, frame)
         return frame
 
@@ -360,7 +152,7 @@ class Hub:
         for port in ports:
             port.close()
         for peer in peers:
-            _hang_up(peer.conn)
+            hang_up(peer.conn)
 
     def _accept(self) -> None:
         while True:
@@ -368,18 +160,17 @@ class Hub:
                 sock, _ = self._listener.accept()
             except OSError:  # the listener was shut down
                 return
-            conn = _connection(sock)
+            conn = connection(sock)
             threading.Thread(target=self._serve, args=(conn,), name="channel-reader", daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
         peer = port = None
         try:
-            deliver_challenge(conn, self.authkey)
-            answer_challenge(conn, self.authkey)
+            authenticate(conn, self.authkey, listening=True)
             hello = conn.recv()
             if not isinstance(hello, Hello):
                 return
-            peer = _Peer(conn)
+            peer = Peer(conn)
             with self._lock:
                 if self._closed:
                     return
@@ -391,10 +182,10 @@ class Hub:
                 message = wire.loads(conn.recv_bytes())
                 peer.received += 1
                 if isinstance(message, Barrier):  # everything sent before it has been handled
-                    peer.send(_frame(message))
+                    peer.send(encode_frame(message))
                 else:
                     self._handle(message)
-        except _GONE:
+        except GONE:
             pass
         finally:
             with self._lock:
@@ -432,10 +223,9 @@ class Uplink:
 
     def connect(self, address: tuple[str, int], authkey: bytes, learner: int) -> None:
         """Connect as `learner` (and hang up any earlier connection); raises if the syncer cannot be reached."""
-        conn = _connection(socket.create_connection(tuple(address), timeout=30))
+        conn = connection(socket.create_connection(tuple(address), timeout=30))
         try:
-            answer_challenge(conn, authkey)
-            deliver_challenge(conn, authkey)
+            authenticate(conn, authkey, listening=False)
             conn.send(Hello(learner))
         except BaseException:
             conn.close()
@@ -443,7 +233,7 @@ class Uplink:
         with self._lock:
             old, self._conn, self.peer = self._conn, conn, (tuple(address), authkey)
         if old is not None:
-            _hang_up(old)
+            hang_up(old)
         threading.Thread(target=self._read, args=(conn,), name="channel-reader", daemon=True).start()
 
     def remote(self, message: Any) -> None:
@@ -453,7 +243,7 @@ class Uplink:
         try:
             with self._send_lock:
                 conn.send_bytes(wire.dumps(message))
-        except _GONE:
+        except GONE:
             self._lost(conn)
 
     def heartbeat(self, learner: int, step: int | None) -> None:
@@ -482,7 +272,7 @@ class Uplink:
         with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None:
-            _hang_up(conn)
+            hang_up(conn)
 
     def _lost(self, conn: Connection) -> None:
         with self._lock:
@@ -499,7 +289,7 @@ class Uplink:
                         done.set()
                 else:
                     self._receive(message)
-        except _GONE:
+        except GONE:
             pass
         finally:
             self._lost(conn)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dlc.config.schema import LinkSpec
+from dlc.config.learners import LinkSpec
 
 
 class Link:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from dlc.config.schema import LinkSpec
+from dlc.config.learners import LinkSpec
 from dlc.core.codec import Encoded
 from dlc.net.link import DelayLine, Link
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from dlc.algo.blocking.messages import Contribution, GlobalModel
-from dlc.algo.decoupled.syncer import counter_status
+from dlc.algo.counters import SyncCounters
 from dlc.algo.global_model import GlobalFragments
 from dlc.algo.outer import OuterNesterov, merge_weights
 from dlc.config.schema import Recipe
@@ -140,14 +140,8 @@ class BarrierSyncer(GlobalFragments):
         self.broadcast_due = False  # the current version still has to go out when the pause ends
         self.pauses = 0
         self.paused_s = 0.0
-        self.rounds_closed = 0
-        self.contributions = 0
-        self.accepted = 0
+        self.counters = SyncCounters()
         self.rejections: Counter[str] = Counter()
-        self.contributed: Counter[int] = Counter()
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.last_push_at: dict[int, float] = {}
         self.events: list[dict[str, Any]] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # unused: a restart resumes from the checkpoint
 
@@ -201,8 +195,7 @@ class BarrierSyncer(GlobalFragments):
     # -- the barrier ---------------------------------------------------------------------------
 
     def push(self, c: Contribution) -> None:
-        self.bytes_up += c.payload.nbytes
-        self.last_push_at[c.learner] = self.clock()
+        self.counters.pushed(c.learner, c.payload.nbytes, self.clock())
         reason = None
         if c.learner not in self.members:
             reason = "not_member"
@@ -222,7 +215,7 @@ class BarrierSyncer(GlobalFragments):
             self.events.append({"kind": "push_rejected", **common, "version": self.version, "reason": reason})
             return
         self.received[c.learner] = c
-        self.accepted += 1
+        self.counters.accepted += 1
         self.events.append({"kind": "push_accepted", **common, "version": self.version, "bytes": c.payload.nbytes})
 
     def next_tick_in(self) -> float:
@@ -274,9 +267,7 @@ class BarrierSyncer(GlobalFragments):
             mean += np.float32(weight) * self.codec.decode(c.payload)
         self.theta[0] = self.combiner.step(self.theta[0], mean).astype(np.float32)
         self.version += 1
-        self.rounds_closed += 1
-        self.contributions += len(contributions)
-        self.contributed.update(c.learner for c in contributions)
+        self.counters.round_closed(c.learner for c in contributions)
         self.received.clear()
         self.broadcast_due = True
         self.events.append(
@@ -294,7 +285,7 @@ class BarrierSyncer(GlobalFragments):
     def _broadcast(self) -> None:
         message = GlobalModel(self.version, self.down_codec.encode(self.theta[0]), self.clock())
         for learner in sorted(self.members):
-            self.bytes_down += self.deliver(learner, message)
+            self.counters.bytes_down += self.deliver(learner, message)
         self.broadcast_due = False
 
     # -- the interface the syncer actor uses -------------------------------------------------
@@ -318,7 +309,7 @@ class BarrierSyncer(GlobalFragments):
             "paused_s": round(self.paused_s, 3),
             "grace_window_s": 0.0,
             "rejections": dict(self.rejections),
-            **counter_status(self, now),
+            **self.counters.status(now),
         }
 
     def drain_events(self) -> list[dict[str, Any]]:
@@ -335,15 +326,10 @@ class BarrierSyncer(GlobalFragments):
         tree = {"theta": {"0": self.theta[0]}, "combiner": self.combiner.state()}
         meta = {
             "versions": [self.version],
-            "rounds_closed": self.rounds_closed,
-            "contributions": self.contributions,
-            "accepted": self.accepted,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
+            **self.counters.state(),
             "pauses": self.pauses,
             "paused_s": self.paused_s,
             "rejections": dict(self.rejections),
-            "contributed": {str(k): v for k, v in self.contributed.items()},
             "plan": self.plan.fingerprint(),
         }
         return tree, meta
@@ -352,12 +338,6 @@ class BarrierSyncer(GlobalFragments):
         self.theta = [np.asarray(tree["theta"]["0"], dtype=np.float32)]
         self.combiner.load(tree["combiner"])
         self.version = int(meta["versions"][0])
-        self.rounds_closed, self.contributions, self.accepted = (
-            meta["rounds_closed"],
-            meta["contributions"],
-            meta["accepted"],
-        )
-        self.bytes_up, self.bytes_down = meta["bytes_up"], meta["bytes_down"]
+        self.counters.load(meta)
         self.pauses, self.paused_s = meta["pauses"], meta["paused_s"]
         self.rejections = Counter(dict(meta["rejections"]))
-        self.contributed = Counter({int(k): v for k, v in meta["contributed"].items()})

@@ -7,7 +7,7 @@ training. A merged fragment that arrives is adopted at the first step boundary a
 steps after the learner sent p (at once if it did not send), and becomes the new anchor. The
 anchor moves only on adoption, so two pushes from one anchor are cumulative; the syncer's round
 book relies on that. Merged fragments sent as differences are resolved against the version of
-p this learner holds, in version order, as they arrive.
+p this learner holds, in version order, as they arrive (`received.ReceivedFragments`).
 
 The step loop never waits for the device or the network (`dlc.core.fragment_ops`): a push is one
 jitted extraction dispatched after the step, whose result a sender thread copies to the host and
@@ -29,9 +29,9 @@ import jax
 import numpy as np
 
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
+from dlc.algo.decoupled.received import ReceivedFragments
 from dlc.algo.protocol import Traffic
 from dlc.config.schema import Recipe
-from dlc.core.codec import get_codec
 from dlc.core.fragment_ops import FragmentOps
 from dlc.core.fragments import FragmentPlan
 from dlc.core.learner import Learner
@@ -100,14 +100,11 @@ class DecoupledLearnerSync:
         self.inbox: queue.SimpleQueue[Arrived | FragmentRequest] = queue.SimpleQueue()
         # fragment -> (version, value) to adopt
         self.waiting: dict[int, tuple[int, jax.Array | np.ndarray]] = {}
-        # The newest global value of each fragment received (version, host value), whatever was
-        # adopted: the base of a difference sent down. None: not known (after a copy from a peer).
-        # Guarded by _lock, with `parked` and `unacked`: deliveries come from another thread.
+        # The newest global value of each fragment received, whatever was adopted: the base of a
+        # difference sent down. Guarded by _lock, with `unacked`: deliveries come from another thread.
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self.held: list[tuple[int, np.ndarray] | None] = []
-        self.parked: dict[int, dict[int, MergedFragment]] = {}  # differences waiting for their base
-        self._hold_known([self.gather(p) for p in range(P)])
+        self.received = ReceivedFragments([self.gather(p) for p in range(P)], self.versions)
         self.requests = 0
         self.pushes = 0
         self.adopted = 0
@@ -211,7 +208,7 @@ class DecoupledLearnerSync:
             return
         with self._lock:
             self._acknowledge(msg)
-            resolved = self._resolve(msg)
+            resolved = self.received.resolve(msg)
         for version, value in resolved:
             self.inbox.put(Arrived(msg.fragment, version, self.ops.to_device(msg.fragment, value)))
 
@@ -242,36 +239,6 @@ class DecoupledLearnerSync:
                 self.adopt(p, version, value)
                 del self.waiting[p]
         return events
-
-    def _resolve(self, msg: MergedFragment) -> list[tuple[int, np.ndarray]]:
-        """The global values (version, value) this message makes known, in version order: none
-        when it is a difference whose base has not arrived yet (it waits for it), and more than
-        one when it was the base differences parked here were waiting for."""
-        p = msg.fragment
-        out = []
-        while msg is not None:
-            codec = get_codec(msg.payload.codec, msg.payload.block_size or 64)
-            if msg.base_version is None:
-                # An older value overtaken by a newer one: keep the newer. The same version sent
-                # whole again (by a restarted syncer) replaces what is held: it is what that syncer's
-                # next differences start from.
-                if self.held[p] is not None and msg.version < self.held[p][0]:
-                    break
-                value = codec.decode(msg.payload)
-            else:
-                held = self.held[p]
-                if held is None or held[0] != msg.base_version:
-                    if held is None or msg.base_version > held[0]:  # its base is still on the way
-                        self.parked.setdefault(p, {})[msg.base_version] = msg
-                    break
-                value = held[1] + codec.decode(msg.payload)
-            self.held[p] = (msg.version, value)
-            out.append((msg.version, value))
-            parked = self.parked.get(p, {})
-            for base in [b for b in parked if b < msg.version]:  # bases this value superseded
-                del parked[base]
-            msg = parked.pop(msg.version, None)
-        return out
 
     def adopt(self, p: int, version: int, global_p: jax.Array | np.ndarray) -> None:
         """Take `global_p`, fragment p's global value at `version` (as `FragmentOps.to_device` gives
@@ -371,14 +338,8 @@ class DecoupledLearnerSync:
         self.steps_since = list(meta["steps_since"])
         self.tokens_since = list(meta["tokens_since"])
         self.seq = int(meta["seq"])
-        self._hold_known(anchors)
-
-    def _hold_known(self, anchors: list[np.ndarray]) -> None:
-        """Forget what was received: only version 0, the initial parameters, is sure to be what a
-        downlink by difference starts from; other versions arrive whole first."""
         with self._lock:
-            self.held = [(0, a) if v == 0 else None for a, v in zip(anchors, self.versions, strict=True)]
-            self.parked.clear()
+            self.received.start_from(anchors, self.versions)
 
     def peer_view(self) -> tuple[list[np.ndarray], list[int]]:
         """This learner's current fragments and versions, for a peer that copies it."""
@@ -398,7 +359,8 @@ class DecoupledLearnerSync:
         for p, fragment in enumerate(anchors):
             self.scatter(p, fragment)
         self._start_from(anchors, versions)
-        self._hold_known(anchors)
+        with self._lock:
+            self.received.start_from(anchors, self.versions)
 
     resume_from_global = adopt_global
 
@@ -406,8 +368,7 @@ class DecoupledLearnerSync:
         """After copying a peer's parameters: anchors are those parameters, at the peer's versions."""
         self._start_from(fragments, versions)
         with self._lock:
-            self.held = [None] * self.plan.num_fragments  # a peer's parameters are no global version
-            self.parked.clear()
+            self.received.forget()  # a peer's parameters are no global version
 
     def _start_from(self, anchors: list[np.ndarray], versions: list[int]) -> None:
         """Anchors and versions from here on, nothing sent or waiting, no progress counted yet."""

@@ -35,12 +35,12 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
 
 import numpy as np
 
 from dlc.algo.decoupled.guards import GraceWindow, NormOutlier, quorum_needed
 from dlc.algo.decoupled.messages import SEQ_STRIDE, Push
+from dlc.algo.decoupled.round_state import Entry, MergedPush, Round, RoundResult, SeqLog
 from dlc.core.codec import Encoded, get_codec
 
 
@@ -54,15 +54,6 @@ class Reject(StrEnum):
     NORM_OUTLIER = "norm_outlier"  # norm far from the fragment's recent accepted norms
 
 
-class MergedPush(NamedTuple):
-    """A learner's last merged push of one fragment, still encoded."""
-
-    base_version: int
-    incarnation: int
-    seq: int
-    payload: Encoded
-
-
 @dataclass(frozen=True)
 class Verdict:
     """The answer to a push; ``part`` means accepted beside the learner's push from another anchor."""
@@ -72,106 +63,6 @@ class Verdict:
     detail: str = ""
     part: bool = False
     superseded: bool = False
-
-
-@dataclass
-class _Entry:
-    push: Push  # the latest push; its delta is cumulative from its anchor
-    delta: np.ndarray
-    arrived_at: float
-    steps: int
-    tokens: int
-    seqs: tuple[int, ...]  # every push folded into this entry: the latest and those it superseded
-
-    @property
-    def anchor(self) -> tuple[int, int, int]:
-        """Entries with equal anchors hold cumulative deltas from one starting point."""
-        return (self.push.learner, self.push.base_version, self.push.incarnation)
-
-
-class Round:
-    """The current round of one fragment: each learner's parts, one per anchor.
-
-    It collects pushes from the moment the previous round closed, but may only close once the
-    syncer has opened it (asked the learners for the fragment): ``opened_at`` is then set, and
-    ``answers`` records when each learner's first push after that arrived.
-    """
-
-    def __init__(self, fragment: int) -> None:
-        self.fragment = fragment
-        self.entries: dict[int, list[_Entry]] = {}
-        self.opened_at: float | None = None
-        self.answers: dict[int, float] = {}
-
-    @property
-    def learners(self) -> frozenset[int]:
-        """Learners with a push in this round."""
-        return frozenset(self.entries)
-
-    def quorum_at(self, needed: int) -> float | None:
-        """When the ``needed``-th learner answered, or None if not yet."""
-        if needed < 1:
-            return None
-        arrivals = sorted(self.answers.values())
-        return arrivals[needed - 1] if len(arrivals) >= needed else None
-
-    def deadline(self, healthy: Collection[int], quorum: int, window_s: float) -> float | None:
-        """When the round may close without more pushes; None while not open or short of quorum.
-
-        Every healthy learner having pushed closes it at once (deadline -inf).
-        """
-        if self.opened_at is None:
-            return None
-        reached = self.quorum_at(quorum_needed(quorum, healthy))
-        if reached is None:
-            return None
-        if set(healthy) <= self.answers.keys():
-            return -math.inf
-        return reached + window_s
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """A closed round: what to merge, and how it went."""
-
-    fragment: int
-    version: int  # v_p after this round; the merged fragment carries it
-    learners: tuple[int, ...]
-    seqs: tuple[int, ...]  # each contributor's newest push merged (it holds or follows the earlier ones)
-    merged_seqs: tuple[tuple[int, ...], ...]  # each contributor's every push folded in, oldest first
-    deltas: tuple[np.ndarray, ...]  # float32, the sum of its parts, each net of anything merged before
-    tokens: tuple[int, ...]
-    steps: tuple[int, ...]
-    staleness: tuple[int, ...]  # version before the round - the oldest base_version of its parts
-    opened_at: float
-    quorum_at: float | None
-    closed_at: float
-    grace_window_s: float  # the window allowed when it closed
-    waited_s: float  # grace actually used: close - quorum
-
-
-class _SeqLog:
-    """Seqs seen from one learner: a contiguous floor plus the ones above it.
-
-    The floor starts just below the first seq seen, so memory stays small on long
-    runs; a seq below a learner's first one counts as seen (transports that keep
-    per-sender order, like Ray actor calls, never deliver one).
-    """
-
-    def __init__(self, first: int, floor: int | None = None) -> None:
-        self.floor = first - 1 if floor is None else floor
-        self.above: set[int] = set()
-        self.last = first
-
-    def seen(self, seq: int) -> bool:
-        return seq <= self.floor or seq in self.above
-
-    def add(self, seq: int) -> None:
-        self.above.add(seq)
-        self.last = max(self.last, seq)
-        while self.floor + 1 in self.above:
-            self.floor += 1
-            self.above.discard(self.floor)
 
 
 @dataclass
@@ -211,7 +102,7 @@ class RoundBook:
         self.rejections: Counter[Reject] = Counter()
         self.rejections_by_learner: Counter[tuple[int, Reject]] = Counter()
         self._frags = [_Fragment(v, Round(p), outlier()) for p, v in enumerate(versions)]
-        self._seqs: dict[int, _SeqLog] = {}
+        self._seqs: dict[int, SeqLog] = {}
         # (learner, fragment) -> (base_version, incarnation, seq, payload) of its last merged push:
         # what a later push from the same anchor is netted against. Part of the syncer's state: a
         # restarted syncer without it would merge a cumulative push in full, the earlier part twice.
@@ -266,7 +157,7 @@ class RoundBook:
         incarnation = max(seqs) // SEQ_STRIDE
         current = sorted(s for s in seqs if s // SEQ_STRIDE == incarnation)
         cut = not complete and len(current) == len(seqs)
-        log = _SeqLog(current[0], floor=current[0] - 1 if cut else incarnation * SEQ_STRIDE - 1)
+        log = SeqLog(current[0], floor=current[0] - 1 if cut else incarnation * SEQ_STRIDE - 1)
         for seq in current:
             log.add(seq)
         self._seqs[learner] = log
@@ -308,7 +199,7 @@ class RoundBook:
         if log is not None and log.seen(push.seq):
             return self._reject(push, Reject.DUPLICATE, f"seq {push.seq} seen before")
         if log is None:
-            log = self._seqs[push.learner] = _SeqLog(push.seq)
+            log = self._seqs[push.learner] = SeqLog(push.seq)
         log.add(push.seq)
         problem = self._malformed(push)
         if problem:
@@ -340,7 +231,7 @@ class RoundBook:
         if outlier:
             return self._reject(push, Reject.NORM_OUTLIER, outlier)
         self._observe_step(push)
-        entry = _Entry(push, delta, now, push.steps, push.tokens, (push.seq,))
+        entry = Entry(push, delta, now, push.steps, push.tokens, (push.seq,))
         return self._place(frag, entry)
 
     def _malformed(self, push: Push) -> str:
@@ -378,7 +269,7 @@ class RoundBook:
         if self.step_time_from_pushes and last is not None and push.sent_at > last:
             self.grace.observe_step((push.sent_at - last) / push.steps)
 
-    def _place(self, frag: _Fragment, entry: _Entry) -> Verdict:
+    def _place(self, frag: _Fragment, entry: Entry) -> Verdict:
         learner = entry.push.learner
         round_ = frag.open
         if round_.opened_at is not None:
@@ -386,7 +277,7 @@ class RoundBook:
         parts = round_.entries.setdefault(learner, [])
         for i, part in enumerate(parts):
             if part.anchor == entry.anchor:
-                parts[i] = _supersede(part, entry)
+                parts[i] = part.superseded_by(entry)
                 return Verdict(True, part=len(parts) > 1, superseded=True)
         parts.append(entry)
         return Verdict(True, part=len(parts) > 1)
@@ -471,7 +362,7 @@ class RoundBook:
             waited_s=0.0 if quorum_at is None else max(0.0, now - quorum_at),
         )
 
-    def _net_delta(self, entry: _Entry) -> np.ndarray:
+    def _net_delta(self, entry: Entry) -> np.ndarray:
         """The entry's delta minus what an earlier push from its anchor already gave."""
         push = entry.push
         key = (push.learner, push.fragment)
@@ -497,10 +388,3 @@ class RoundBook:
         if frag.closed_at is not None:
             self.grace.observe_sync(self.clock() - frag.closed_at)
             frag.closed_at = None
-
-
-def _supersede(old: _Entry, new: _Entry) -> _Entry:
-    """The newer cumulative delta replaces the older; counters add (reset per send)."""
-    return _Entry(
-        new.push, new.delta, old.arrived_at, old.steps + new.steps, old.tokens + new.tokens, old.seqs + new.seqs
-    )

@@ -18,6 +18,8 @@ import statistics
 from collections import deque
 from collections.abc import Collection
 
+from dlc.config.schema import Recipe
+
 
 class _Reports:
     """One learner's recent reports: the first, then each one whose step had grown.
@@ -68,6 +70,18 @@ class Schedule:
         self.next_round = 0  # rounds opened so far
         self._reports: dict[int, _Reports] = {}
         self._last_advance: float | None = None
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, fragments: int) -> Schedule:
+        """The schedule of the recipe's syncer: a learner's rate is measured over a few of its
+        heartbeats, and it stops counting as stepping when it would be declared dead."""
+        cfg = recipe.syncer
+        return cls(
+            fragments,
+            cfg.sync_interval_steps,
+            window_s=max(2.0, 4 * cfg.heartbeat_interval_s),
+            idle_s=cfg.heartbeat_timeout_s,
+        )
 
     @property
     def spacing(self) -> float:
@@ -159,3 +173,21 @@ class Schedule:
     def load(self, state: dict[str, float | int]) -> None:
         self.global_step = float(state.get("global_step", 0.0))
         self.next_round = int(state.get("next_round", 0))
+
+
+class NoRounds(Schedule):
+    """A schedule whose global step never reaches a round: the syncer of `algorithm: none`, whose
+    learners send nothing and must never be asked for a fragment. Learners still report their
+    steps, so it still says which of them are stepping."""
+
+    def advance(self, now: float, learners: Collection[int]) -> list[int]:
+        return []
+
+    def due_in(self, now: float, learners: Collection[int]) -> float | None:
+        return None
+
+    def open_early(self, now: float, learners: Collection[int], lead: float) -> int | None:
+        return None
+
+    def step_time_s(self, learners: Collection[int]) -> float | None:
+        return None  # no round: no grace window to size

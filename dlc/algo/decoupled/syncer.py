@@ -5,7 +5,8 @@ when fragment p's round comes up the syncer asks every healthy learner for p (a
 `FragmentRequest`), and each answers at its next step boundary with its progress on p since it
 last adopted p. Quorum and the grace window decide when the round closes; the merged fragment
 then goes down once to every member, fp32, bf16, or as a compressed difference from the version
-the learners hold, with the compression error fed back into the next round of p.
+the learners hold (`downlink.Downlink`). A schedule that never opens a round (`schedule.NoRounds`)
+makes it the syncer of `algorithm: none`.
 
 Not thread-safe and free of Ray: the engine's actor wraps it with a lock and a ticking thread,
 tests drive it with a fake clock. Every decision is reported as an event for the run log.
@@ -13,12 +14,13 @@ tests drive it with a fake clock. Every decision is reported as an event for the
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from dlc.algo.counters import SyncCounters
+from dlc.algo.decoupled.downlink import Downlink
 from dlc.algo.decoupled.guards import GraceWindow
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.rounds import Reject, RoundBook, RoundResult
@@ -26,7 +28,6 @@ from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
 from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
 from dlc.config.schema import Recipe
-from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
 
 # Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
@@ -44,23 +45,6 @@ IDLE_TICK_S = 0.1
 # arrives on its own costs every learner a wake-up of its receiving thread (`bench/RESULTS.md`).
 EARLY_OPEN = 0.5
 
-# Downlink codecs that send the difference from the version the learners hold.
-DIFF_CODECS = frozenset({"int8", "int4"})
-
-
-def counter_status(syncer: Any, now: float) -> dict[str, Any]:
-    """The counters every syncer (this one, dlc.algo.blocking.syncer's) reports in its status."""
-    rounds = syncer.rounds_closed
-    return {
-        "rounds_closed": rounds,
-        "mean_contributors": round(syncer.contributions / rounds, 3) if rounds else 0.0,
-        "pushes_accepted": syncer.accepted,
-        "bytes_up": syncer.bytes_up,
-        "bytes_down": syncer.bytes_down,
-        "contributed": {str(k): v for k, v in sorted(syncer.contributed.items())},
-        "last_push_age_s": {str(k): round(now - t, 3) for k, t in syncer.last_push_at.items()},
-    }
-
 
 class DecoupledSyncer(GlobalFragments):
     def __init__(
@@ -70,46 +54,28 @@ class DecoupledSyncer(GlobalFragments):
         initial: dict[str, np.ndarray],
         deliver: Deliver,
         clock: Callable[[], float],
-        scheduled: bool = True,
+        schedule: Schedule | None = None,
     ) -> None:
+        """`schedule`: when rounds come up; by default the recipe's (`Schedule.from_recipe`)."""
         cfg = recipe.syncer
         self.cfg = cfg
         self.plan = plan
         self.deliver = deliver
         self.clock = clock
-        self.down_codec = get_codec(cfg.down_codec, cfg.codec_block_values)
-        self.diff_down = cfg.down_codec in DIFF_CODECS
-        self.full_codec = get_codec("none")  # a learner that holds no known version gets the value itself
-        # False: rounds open only when the caller says (the null syncer; unit tests of rounds).
-        self.scheduled = scheduled
-        self.schedule = Schedule(
-            plan.num_fragments,
-            cfg.sync_interval_steps,
-            window_s=max(2.0, 4 * cfg.heartbeat_interval_s),
-            idle_s=cfg.heartbeat_timeout_s,
-        )
+        self.schedule = schedule if schedule is not None else Schedule.from_recipe(recipe, plan.num_fragments)
         self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
         self.momentum = [np.zeros_like(t) for t in self.theta]
         self.outer = OuterNesterov(cfg.outer_lr, cfg.outer_momentum)
         self.book = self._new_book([0] * plan.num_fragments)
         self.heartbeats: dict[int, float] = {}
         self.members: set[int] = set()
-        self.rounds_closed = 0
-        self.contributions = 0
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.accepted = 0
-        self.contributed: Counter[int] = Counter()
-        self.last_push_at: dict[int, float] = {}
+        self.counters = SyncCounters()
         self.events: list[dict[str, Any]] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
         # Recent seqs per learner that are settled, merged (every push folded in, superseded parts
         # too) or refused for good: a restarted syncer must refuse them when they are re-sent.
         self.settled_seqs: dict[int, list[int]] = {}
-        # Downlink by difference: what the learners hold of each fragment (the global value as
-        # sent, compression error included) and the version each learner was last sent.
-        self.held = [t.copy() for t in self.theta] if self.diff_down else []
-        self.synced: dict[tuple[int, int], int] = {}
+        self.downlink = Downlink(cfg.down_codec, cfg.codec_block_values, self.theta)
         self.asked: dict[int, set[int]] = {}  # open rounds: the learners asked for the fragment
         self.requests_sent = 0
 
@@ -137,15 +103,13 @@ class DecoupledSyncer(GlobalFragments):
         self.members.add(learner)
         self.heartbeats[learner] = self.clock()
         self.schedule.forget(learner)
-        self._unsync(learner)
+        self.downlink.forget(learner)
         for p, version in enumerate(self.book.versions):
             if holds_initial and version == 0:
-                self.synced[(learner, p)] = 0
+                self.downlink.holds(learner, p, 0)
             elif not holds_initial and version > 0:
-                value = self.held[p] if self.diff_down else self.theta[p]
-                message = MergedFragment(p, version, self.full_codec.encode(value), self.clock())
-                self.bytes_down += self.deliver(learner, message)
-                self.synced[(learner, p)] = version
+                message = self.downlink.whole(learner, p, version, self.theta[p], self.clock())
+                self.counters.bytes_down += self.deliver(learner, message)
 
     def rejoin(self, learner: int) -> None:
         """A restarted learner: a new incarnation whose seqs start again, holding a peer's copy."""
@@ -155,11 +119,7 @@ class DecoupledSyncer(GlobalFragments):
     def leave(self, learner: int) -> None:
         self.members.discard(learner)
         self.schedule.forget(learner)
-        self._unsync(learner)
-
-    def _unsync(self, learner: int) -> None:
-        for key in [k for k in self.synced if k[0] == learner]:
-            del self.synced[key]
+        self.downlink.forget(learner)
 
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         """Learner `learner` is alive, at inner step `step` (None: it does not say)."""
@@ -184,8 +144,7 @@ class DecoupledSyncer(GlobalFragments):
     def push(self, push: Push) -> None:
         if push.step is not None and push.learner in self.members:  # sent at once: a heartbeat too
             self.heartbeat(push.learner, push.step)
-        self.bytes_up += push.payload.nbytes
-        self.last_push_at[push.learner] = self.clock()
+        self.counters.pushed(push.learner, push.payload.nbytes, self.clock())
         verdict = self.book.submit(push)
         common = {
             "learner": push.learner,
@@ -196,7 +155,7 @@ class DecoupledSyncer(GlobalFragments):
             "version": self.book.version(push.fragment),
         }
         if verdict.accepted:
-            self.accepted += 1
+            self.counters.accepted += 1
             self.events.append(
                 {
                     "kind": "push_accepted",
@@ -220,18 +179,17 @@ class DecoupledSyncer(GlobalFragments):
         now; returns how many closed."""
         healthy = self.healthy()
         active = self.active(healthy)
-        if self.scheduled:
-            for p in self.schedule.advance(self.clock(), active):
-                self.open_round(p, healthy)
-            for p in list(self.asked):  # a learner healthy again while p's round is open is asked too
-                self._ask(p, healthy)
-            step_time = self.schedule.step_time_s(active)
-            if step_time is not None:
-                self.book.grace.step_time_s = step_time
+        for p in self.schedule.advance(self.clock(), active):
+            self.open_round(p, healthy)
+        for p in list(self.asked):  # a learner healthy again while p's round is open is asked too
+            self._ask(p, healthy)
+        step_time = self.schedule.step_time_s(active)
+        if step_time is not None:
+            self.book.grace.step_time_s = step_time
         ready = self.book.closable(active)
         for p in ready:
             self._close(p, active)
-        if ready and self.scheduled:
+        if ready:
             # Merged fragments just went down: a round due soon opens now, so that its requests
             # follow them on every learner's connection and wake each learner's receiver once.
             early = self.schedule.open_early(self.clock(), active, EARLY_OPEN * self.schedule.spacing)
@@ -246,7 +204,7 @@ class DecoupledSyncer(GlobalFragments):
         now = self.clock()
         active = self.active()
         waits = [IDLE_TICK_S]
-        if self.scheduled and (due := self.schedule.due_in(now, active)) is not None:
+        if (due := self.schedule.due_in(now, active)) is not None:
             waits.append(due)
         if (deadline := self.book.next_deadline(active)) is not None:
             waits.append(deadline - now)
@@ -283,9 +241,7 @@ class DecoupledSyncer(GlobalFragments):
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
         pairs = tuple(zip(result.learners, result.seqs, strict=True))
-        self.rounds_closed += 1
-        self.contributions += len(result.learners)
-        self.contributed.update(result.learners)
+        self.counters.round_closed(result.learners)
         for learner, seqs in zip(result.learners, result.merged_seqs, strict=True):
             self._settle(learner, seqs)
         event = {
@@ -319,33 +275,13 @@ class DecoupledSyncer(GlobalFragments):
                     "event": event,  # the round's record survives the syncer, even undrained
                 }
             )
-        self._send_down(p, result.version, pairs)
+        # Once to every member, contributors or not.
+        down = self.downlink.round(p, result.version, self.theta[p], pairs, self.members, self.clock())
+        for learner, message in down:
+            self.counters.bytes_down += self.deliver(learner, message)
         self.book.mark_sent(p)
         self.events.append(event)
         return result
-
-    def _send_down(self, p: int, version: int, pairs: tuple[tuple[int, int], ...]) -> None:
-        """Send fragment p at `version` once to every member, contributors or not."""
-        now = self.clock()
-        if not self.diff_down:
-            message = MergedFragment(p, version, self.down_codec.encode(self.theta[p]), now, pairs)
-            for learner in sorted(self.members):
-                self.bytes_down += self.deliver(learner, message)
-            return
-        # The difference from what the learners hold; what compression loses stays in theta - held
-        # and goes down with the next round of p (error feedback).
-        diff = self.down_codec.encode(self.theta[p] - self.held[p])
-        self.held[p] = self.held[p] + self.down_codec.decode(diff)
-        by_diff = MergedFragment(p, version, diff, now, pairs, base_version=version - 1)
-        whole: MergedFragment | None = None
-        for learner in sorted(self.members):
-            if self.synced.get((learner, p)) == version - 1:
-                message = by_diff
-            else:  # it holds no version we know: send the value itself, exactly
-                whole = whole or MergedFragment(p, version, self.full_codec.encode(self.held[p]), now, pairs)
-                message = whole
-            self.synced[(learner, p)] = version
-            self.bytes_down += self.deliver(learner, message)
 
     def _keep_seqs(self) -> int:
         # Enough history to recognise a re-sent push: a push older than this would be stale.
@@ -363,13 +299,8 @@ class DecoupledSyncer(GlobalFragments):
 
     def _counters(self) -> dict[str, Any]:
         return {
-            "rounds_closed": self.rounds_closed,
-            "contributions": self.contributions,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "accepted": self.accepted,
+            **self.counters.state(),
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
-            "contributed": {str(k): v for k, v in self.contributed.items()},
             "settled_seqs": {str(k): v for k, v in self.settled_seqs.items()},
             "schedule": self.schedule.state(),
         }
@@ -410,21 +341,13 @@ class DecoupledSyncer(GlobalFragments):
         self.book = self._new_book(versions)
         self.book.restore_merged_history(history)
         self.book.rejections.update(dict(counters["rejections"]))
-        self.rounds_closed, self.contributions = counters["rounds_closed"], counters["contributions"]
-        self.bytes_up, self.bytes_down, self.accepted = (
-            counters["bytes_up"],
-            counters["bytes_down"],
-            counters["accepted"],
-        )
-        self.contributed = Counter({int(k): v for k, v in counters["contributed"].items()})
+        self.counters.load(counters)
         self.settled_seqs = {int(k): list(v) for k, v in counters.get("settled_seqs", {}).items()}
         for learner in self.settled_seqs:
             self._see_settled(learner)
         self.schedule.load(counters.get("schedule", {}))
-        # What the learners hold is unknown after a restart: each gets the next value whole.
-        self.synced.clear()
+        self.downlink.reset(self.theta)
         self.asked.clear()
-        self.held = [t.copy() for t in self.theta] if self.diff_down else []
 
     # -- views ---------------------------------------------------------------------------------
 
@@ -443,7 +366,7 @@ class DecoupledSyncer(GlobalFragments):
             "global_step": round(self.schedule.global_step, 1),
             "grace_window_s": round(self.book.grace.window_s(), 4),
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
-            **counter_status(self, now),
+            **self.counters.status(now),
         }
 
     def drain_events(self) -> list[dict[str, Any]]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from dlc.config.schema import Recipe
+from dlc.core.compile_cache import prepare_compilation_cache
 from dlc.core.data import load_corpus, split_corpus
-from dlc.core.runtime import prepare_compilation_cache
-from dlc.engine.driver import Driver, Interrupts, Outcome
+from dlc.engine.driver import Driver, Outcome
+from dlc.engine.interrupts import Interrupts
 from dlc.engine.journal import check_journal
 from dlc.observe.console import ProgressView
 from dlc.plan.memory import check_fits, fragment_plan

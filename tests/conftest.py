@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 @pytest.fixture(autouse=True)
 def _heap_unfrozen() -> Iterator[None]:
     """A learner or syncer worker built in this process freezes its heap, as it does in its own
-    actor process (`dlc.core.runtime.freeze_heap`): the test process's goes back under the
+    actor process (`dlc.core.allocator.freeze_heap`): the test process's goes back under the
     collector after each test."""
     yield
     if gc.get_freeze_count():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dlc.engine.driver import Interrupts
+from dlc.engine.interrupts import Interrupts
 
 
 def ctrl_c() -> None:

@@ -16,10 +16,10 @@ from dlc.algo.decoupled.messages import FragmentRequest, Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.core.data import ByteStream
-from dlc.engine import learner_actor
+from dlc.engine import uplinks
 from dlc.engine.learner_actor import LearnerWorker
-from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
+from tests.fakes import Direct
 from tests.helpers import TINY, marked_storage
 
 
@@ -154,7 +154,7 @@ def test_a_resumed_learner_numbers_its_pushes_above_every_seq_the_syncer_saw(tmp
 def test_a_learner_and_the_syncer_talk_on_the_direct_channel(tmp_path, monkeypatch):
     # The workers wired as the actors are, with the direct channel (the default) on loopback; Ray's
     # one part, asking the syncer actor where its channel is, is the syncer worker's own answer.
-    monkeypatch.setattr(learner_actor.ray, "get", lambda ref, timeout=None: ref)
+    monkeypatch.setattr(uplinks.ray, "get", lambda ref, timeout=None: ref)
     recipe = load_recipe(TINY, ["learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
     recipe_json = recipe.model_dump(mode="json")
     storage = marked_storage(tmp_path)
@@ -181,8 +181,8 @@ def test_a_syncer_whose_channel_cannot_be_reached_fails_the_run_saying_why(tmp_p
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    monkeypatch.setattr(learner_actor.ray, "get", lambda ref, timeout=None: ref)
-    monkeypatch.setattr(learner_actor, "_UNREACHABLE_S", 0.05)
+    monkeypatch.setattr(uplinks.ray, "get", lambda ref, timeout=None: ref)
+    monkeypatch.setattr(uplinks, "UNREACHABLE_S", 0.05)
     channel = {"address": ("127.0.0.1", port), "authkey": b"key"}
     handle = SimpleNamespace(channel=SimpleNamespace(remote=lambda: channel))
     recipe_json = load_recipe(TINY, ["learners.count=2"]).model_dump(mode="json")

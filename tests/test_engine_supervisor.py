@@ -9,6 +9,7 @@ import pytest
 from ray import exceptions as ray_exceptions
 
 from dlc.config.load import load_recipe
+from dlc.engine import recovery
 from dlc.engine import supervisor as supervisor_module
 from dlc.engine.supervisor import LearnerSlot, Supervisor
 from dlc.run.rundir import RunDir
@@ -70,6 +71,14 @@ class FakeRay:
         self.killed.append(actor)
 
 
+def fake_ray(monkeypatch):
+    """Ray's calls faked where the supervisor and its recoveries make them."""
+    fake = FakeRay()
+    monkeypatch.setattr(supervisor_module, "ray", fake)
+    monkeypatch.setattr(recovery, "ray", fake)
+    return fake
+
+
 class Method:
     def __init__(self, actor, name):
         self.actor, self.name = actor, name
@@ -96,8 +105,7 @@ class Actor:
 
 def recovering(rundir, monkeypatch, syncer, new_actor, peer_state="training"):
     """Learner 1 died at step 40, data position 37; learner 0 is its peer (or not healthy)."""
-    fake = FakeRay()
-    monkeypatch.setattr(supervisor_module, "ray", fake)
+    fake = fake_ray(monkeypatch)
     made = []
 
     def make_learner(i, stream, incarnation):
@@ -159,7 +167,7 @@ def test_a_process_that_fails_its_recovery_is_killed_before_another_starts(rundi
 
 
 def test_a_death_and_the_recovery_are_said_on_the_console(rundir, monkeypatch):
-    monkeypatch.setattr(supervisor_module, "ray", FakeRay())
+    fake_ray(monkeypatch)
     said: list[str] = []
     rundir.begin()
     sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), lambda i, s, n: Actor("new"), [], say=said.append)

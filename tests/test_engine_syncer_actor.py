@@ -10,8 +10,8 @@ import numpy as np
 from dlc.algo.decoupled.messages import Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
-from dlc.engine.local import Direct
 from dlc.engine.syncer_actor import SyncerWorker
+from tests.fakes import Direct
 from tests.helpers import TINY, marked_storage
 
 

@@ -1,9 +1,10 @@
 """The driver's side of chaos: what `dlc chaos` injected and asked for, and what came of it.
 
 `dlc chaos` (in-process or from another terminal) appends injections to chaos.jsonl and requests
-(kill, stall, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl; the supervisor
-carries the requests out (signals through the agent on the target's node) and records each fault's
-observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl.
+(kill, stall, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl. Each supervisor
+tick carries the new requests out (`carry_out`: signals through the agent on the target's node,
+`dlc.engine.agent`; calls of the learners and the syncer for the rest), and the supervisor records
+each fault's observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl (`ChaosLog`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, JsonlTail, append_jsonl
 from dlc.run.rundir import RunDir
+
+if TYPE_CHECKING:
+    from dlc.engine.supervisor import Supervisor
 
 
 class ChaosLog:
@@ -67,6 +71,36 @@ class ChaosLog:
         }
         append_jsonl(self.chaos_path, entry)
         self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+
+
+def carry_out(request: dict[str, Any], supervisor: Supervisor) -> None:
+    """Carry out one request of control.jsonl on the run's learners; one it cannot is a `control_ignored` event."""
+    op, i = request.get("op"), request.get("learner")
+    slot = supervisor.slots.get(i) if i is not None else None
+    live = supervisor.live()
+    if op in ("kill", "stall", "kill_node", "kill_syncer"):
+        views = {j: supervisor.slots[j].view for j in live}
+        supervisor.signals.carry_out(request, views, supervisor.syncer_pid, supervisor.syncer_node)
+    elif op == "slow" and slot is not None and i in live:
+        duration = request.get("duration_s")
+        seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
+        slot.handle.set_slow.remote(float(request.get("factor") or 2.0), seconds)
+        supervisor.rundir.event(
+            "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
+        )
+    elif op in ("degrade_link", "cut_link") and slot is not None and i in live:
+        factor = float(request.get("factor") or 10.0) if op == "degrade_link" else None
+        seconds = float(request.get("duration_s") or 10.0)
+        slot.handle.impair_link.remote(factor, seconds)  # the uplink
+        supervisor.syncer.impair_link.remote(i, factor, seconds)  # the downlink
+        supervisor.rundir.event("link_degraded" if factor else "link_cut", learner=i, factor=factor, duration_s=seconds)
+    elif op == "leave" and slot is not None and i in live:
+        supervisor.leave(i)
+    elif op == "join" and supervisor.join_streams:
+        supervisor.join(request.get("duration_s"))
+    else:
+        reason = "no data stream left for a joiner" if op == "join" else "unknown op or learner not live"
+        supervisor.rundir.event("control_ignored", request=request, reason=reason)
 
 
 def _size(path: Path) -> int:

@@ -13,7 +13,7 @@ GPU; the driver applies them through `.options(**setup.ray_options())`. Ray sets
   and a CUDA-enabled JAX would otherwise take 75% of every GPU it sees.
 - Learners and the evaluator that keep freed memory (`learners.keep_freed_memory`) start with one
   malloc arena (MALLOC_ARENA_MAX=1): glibc reads it only then, and without it XLA's thread
-  allocates from a heap that unmaps its temporaries (`dlc.core.runtime.keep_freed_memory`). An
+  allocates from a heap that unmaps its temporaries (`dlc.core.allocator.keep_freed_memory`). An
   embedded cluster gets it from the driver's environment (`embedded_env`), so no process needs a
   runtime_env for it.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlc.config.schema import ClusterConfig, Recipe
-from dlc.core.runtime import ARENA_VAR
+from dlc.core.allocator import ARENA_VAR
 from dlc.errors import UserError
 
 # Of a process's share of its GPU's memory, what JAX may take; the rest is left to each process's

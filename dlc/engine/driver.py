@@ -8,13 +8,8 @@ the global model, and decides when the run ends.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from dlc.config.budget import Budget
@@ -22,69 +17,14 @@ from dlc.config.schema import Recipe
 from dlc.core.data import Split
 from dlc.engine.control import start_chaos
 from dlc.engine.evaluations import Evaluations
+from dlc.engine.interrupts import EXIT_INTERRUPTED, Interrupts
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
 from dlc.run.files import EVENTS_FILE, GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 from dlc.run.rundir import RunDir
 
-EXIT_INTERRUPTED = 130
 TICK_S = 0.2
 AFTER_KILL_S = 0.03  # the next tick, after chaos's agent sent a SIGKILL (Ray sees the death in ~15 ms)
-
-
-class Interrupts:
-    """What Ctrl-C does to `dlc train`, from the start of the cluster to its stop.
-
-    While the run starts, Ctrl-C interrupts it. Once it trains (`training`), the first Ctrl-C asks
-    for a clean stop (`requested`) and a second one interrupts at once. After an interrupt, and
-    while the run winds down (`hold`), Ctrl-C only says that it is stopping: the summary must be
-    written and Ray's processes stopped, and a Ctrl-C that cut that short would leave them running.
-    The handler found is put back at the end, or, in a process that ends with the run (`final`),
-    Ctrl-C is ignored from then on: it could only turn the exit code into death by the signal while
-    the interpreter exits. In the main thread only, as every signal handler.
-    """
-
-    def __init__(self, final: bool = False) -> None:
-        self.requested = False
-        self.final = final
-        self._mode = "starting"  # starting | training | held
-        self._previous: Any = None
-
-    def __enter__(self) -> Interrupts:
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN if self.final else self._previous)
-        sys.unraisablehook = self._previous_hook
-
-    def training(self) -> None:
-        self._mode = "training"
-
-    def hold(self) -> None:
-        self._mode = "held"
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._mode == "held":
-            sys.stderr.write("still stopping: saving the run and stopping Ray's processes take a few seconds\n")
-        elif self._mode == "training" and not self.requested:
-            self.requested = True
-        else:
-            # While training, the stop was requested already: if this interrupt is lost (raised in
-            # a callback that swallows it), the run still stops. While starting, nothing holds
-            # until the clean-up says so: the next Ctrl-C interrupts again.
-            if self._mode == "training":
-                self._mode = "held"
-            raise KeyboardInterrupt
-
-    def _unraisable(self, unraisable: Any) -> None:
-        """An interrupt raised where Python cannot raise it (a garbage collection callback, as JAX
-        has) is printed and dropped: while starting, deliver the Ctrl-C again, to land elsewhere."""
-        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-            self._previous_hook(unraisable)
-        elif self._mode == "starting":  # from another thread, a moment later: out of the callback
-            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
 
 
 @dataclass
@@ -221,47 +161,29 @@ class Driver:
     def _launch(self) -> None:
         import ray
 
-        from dlc.engine import devices
-        from dlc.engine.agent import Agents
-        from dlc.engine.evaluator_actor import EvaluatorActor
-        from dlc.engine.learner_actor import LearnerActor
-        from dlc.engine.placement import Placement
+        from dlc.engine.processes import Processes, storage_usable
         from dlc.engine.supervisor import Supervisor
-        from dlc.engine.syncer_actor import SyncerActor
 
         recipe, rundir = self.recipe, self.rundir
-        inherited = devices.inherited_env(recipe.cluster)
-        recipe_json = recipe.model_dump(mode="json")
-        run_dir = str(rundir.path.absolute())  # workers on other nodes do not share our working directory
-        storage = {"location": rundir.storage.location, "token": rundir.storage_token}
         driver_node = self.cluster_info.get("driver_node") or ray.get_runtime_context().get_node_id()
         # Each process's device and environment (devices), and the node it runs on (placement).
-        self.placement = Placement(recipe, driver_node)
-        self.agents = Agents()
-        syncer_options = {**devices.syncer_setup(recipe).ray_options(inherited), **self.placement.syncer()}
-        self.syncer = SyncerActor.options(**syncer_options).remote(recipe_json, run_dir, storage)
+        self.processes = processes = Processes(recipe, rundir, driver_node)
+        self.syncer = processes.syncer()
         syncer_storage = self.syncer.storage_check.remote()  # waited for with the learners' (they start meanwhile)
         restored = None
         if self.resume:
-            _storage_usable([ray.get(syncer_storage)])
+            storage_usable([ray.get(syncer_storage)])
             restored = ray.get(self.syncer.restore.remote())
         if restored:
             rundir.event("syncer_restored", **restored)
-        evaluator_options = {**devices.evaluator_setup(recipe).ray_options(inherited), **self.placement.evaluator()}
-        self.evaluator = EvaluatorActor.options(**evaluator_options).remote(recipe_json, ray.put(self.split.eval_bytes))
+        self.evaluator = processes.evaluator(self.split.eval_bytes)
 
-        def options(i: int | None) -> dict[str, Any]:  # None: a spare, on the learners' defaults
-            return {**devices.learner_setup(recipe, i).ray_options(inherited), **self.placement.learner(i)}
-
+        # New processes push to the syncer of the moment: it may have been restarted since the launch.
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
-            return LearnerActor.options(**options(i)).remote(
-                recipe_json, i, stream, storage, self.syncer, incarnation, time.time()
-            )
+            return processes.learner(i, stream, self.syncer, incarnation)
 
         def make_spare(requested_at: float) -> Any:
-            return LearnerActor.options(**options(None)).remote(
-                recipe_json, None, None, storage, self.syncer, 0, requested_at
-            )
+            return processes.spare(requested_at, self.syncer)
 
         streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
         joiners = [streams[i] for i in range(recipe.learners.count, len(streams))]
@@ -272,9 +194,9 @@ class Driver:
             make_learner,
             joiners,
             make_spare,
-            agents=self.agents,
+            agents=processes.agents,
             syncer_node=driver_node,
-            feasible=self.placement.feasible,
+            feasible=processes.placement.feasible,
             say=self.view.message,
         )
         self.learners = {i: make_learner(i, streams[i]) for i in range(recipe.learners.count)}
@@ -283,9 +205,9 @@ class Driver:
             [h.device_info.remote() for h in self.learners.values()] + [self.evaluator.device_info.remote()]
         )
         placed = ray.get([h.where.remote() for h in self.learners.values()])
-        _storage_usable([ray.get(syncer_storage), *(p["storage_error"] for p in placed)])
+        storage_usable([ray.get(syncer_storage), *(p["storage_error"] for p in placed)])
         for node in {driver_node, *(p["node_id"] for p in placed)}:
-            self.agents.on(node)  # started now, so a chaos signal does not wait for a new process
+            processes.agents.on(node)  # started now, so a chaos signal does not wait for a new process
         resumed: dict[int, dict[str, Any]] = {}
         if self.resume:
             next_seqs = ray.get(self.syncer.next_seqs.remote())
@@ -326,14 +248,8 @@ class Driver:
         """Give back the placement group and the node agents (before the cluster goes, if it is ours)."""
         import ray
 
-        if not ray.is_initialized():
-            return
-        agents, placement = getattr(self, "agents", None), getattr(self, "placement", None)
-        with contextlib.suppress(ray.exceptions.RayError):
-            if agents is not None:
-                agents.stop()
-            if placement is not None:
-                placement.close()
+        if ray.is_initialized() and getattr(self, "processes", None) is not None:
+            self.processes.release()
 
     def _watch(self, interrupts: Interrupts) -> None:
         last_status = 0.0
@@ -411,46 +327,8 @@ class Driver:
 
     def _restart_syncer(self) -> None:
         """Start a new syncer from the checkpoint and journal; learners re-send what it never merged."""
-        import ray
-
-        from dlc.engine.syncer_actor import SyncerActor
-
-        died = time.time()
-        chaos = self.supervisor.chaos
-        self.rundir.event("syncer_died")
-        chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
-        recipe_json = self.recipe.model_dump(mode="json")
-        from dlc.engine.devices import inherited_env, syncer_setup
-
-        storage = {"location": self.rundir.storage.location, "token": self.rundir.storage_token}
-        run_dir = str(self.rundir.path.absolute())
-        device = syncer_setup(self.recipe).ray_options(inherited_env(self.recipe.cluster))
-        options = {**device, **self.placement.syncer()}
-        syncer = SyncerActor.options(**options).remote(recipe_json, run_dir, storage)
-        restored = ray.get(syncer.restore.remote(), timeout=300) or {}
-        live = self.supervisor.live()
-        ray.get([syncer.register.remote(i, h, False) for i, h in live.items()], timeout=60)
-        ray.get(syncer.start.remote(), timeout=60)
-        self.syncer = self.supervisor.syncer = syncer
-        refs = [h.set_syncer.remote(syncer) for h in live.values()]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)  # a frozen learner re-sends when it thaws
-        resent = 0
-        for ref in ready:
-            # One that died meanwhile re-sends nothing: the supervisor's next poll finds it dead.
-            with contextlib.suppress(ray.exceptions.RayActorError):
-                resent += ray.get(ref)
-        after = round(time.time() - died, 3)
-        self.supervisor.forgive_silence()  # the driver was busy here, not the learners silent
-        self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)
-        chaos.outcome(
-            "kill_syncer",
-            None,
-            "restarted",
-            after_s=chaos.since("kill_syncer", None),
-            resent_pushes=resent,
-            versions=restored.get("versions"),
-        )
-        self.view.message(f"syncer restarted in {after:.1f} s; learners re-sent {resent} unacknowledged pushes")
+        self.syncer, said = self.supervisor.restart_syncer(self.processes.syncer)
+        self.view.message(said)
 
     def _absorb_learner(self, index: int, result: dict[str, Any]) -> None:
         for event in result["events"]:
@@ -547,15 +425,6 @@ def rounds_kept(logged: set[tuple[Any, Any]], versions: list[int]) -> set[tuple[
         for p, v in logged
         if isinstance(p, int) and isinstance(v, int) and 0 <= p < len(versions) and v <= versions[p]
     }
-
-
-def _storage_usable(errors: list[str | None]) -> None:
-    """UserError with the first process that cannot use the run's storage (it names its node)."""
-    problem = next((e for e in errors if e), None)
-    if problem is not None:
-        from dlc.errors import UserError
-
-        raise UserError(problem)
 
 
 def _user_error_inside(exc: BaseException) -> BaseException:

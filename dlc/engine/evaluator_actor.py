@@ -17,7 +17,8 @@ class EvaluatorWorker:
 
     def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
         self.recipe = Recipe.model_validate(recipe_json)
-        from dlc.core.runtime import BackendError, compilation_cache_dir, enable_compilation_cache, start_backend
+        from dlc.core.backend import BackendError, start_backend
+        from dlc.core.compile_cache import compilation_cache_dir, enable_compilation_cache
 
         self.backend_error: str | None = None
         self._released = False
@@ -50,7 +51,7 @@ class EvaluatorWorker:
     def evaluate(self, flat: dict[str, np.ndarray]) -> tuple[float, float]:
         result = self.evaluator(self._unflatten(flat, self.like))
         if not self._released:
-            from dlc.core.runtime import release_freed_memory
+            from dlc.core.allocator import release_freed_memory
 
             self._released = release_freed_memory()  # what compiling the first evaluation left free
         return result

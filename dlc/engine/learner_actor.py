@@ -10,6 +10,9 @@ step and the fragment functions are compiled or loaded from the persistent compi
 a thread of their own, begun at construction, so a copy from a peer overlaps it), the state is
 copied from a peer, and the loop starts. A hot spare (index None) does all of that but the copy
 and then idles, holding no data, until `take_slot` makes it a learner.
+
+Beside it: its uplink to the syncer (`uplinks`), its checkpoints (`learner_checkpoints`), the copies
+of its state for and from a peer (`state_copy`), and its measured and chaos-slowed pace (`learner_pace`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import os
 import threading
 import time
 import traceback
-from multiprocessing.connection import AuthenticationError
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,103 +29,17 @@ import ray
 
 from dlc.algo.decoupled.messages import SEQ_STRIDE
 from dlc.config.schema import Recipe
-from dlc.core.runtime import (
-    BackendError,
-    CompileLog,
-    compilation_cache_dir,
-    enable_compilation_cache,
-    freeze_heap,
-    release_freed_memory,
-    start_backend,
-)
+from dlc.core.allocator import freeze_heap, release_freed_memory
+from dlc.core.backend import BackendError, start_backend
+from dlc.core.compile_cache import CompileLog, compilation_cache_dir, enable_compilation_cache
 from dlc.engine.cluster import node_info
 from dlc.engine.devices import learner_setup
+from dlc.engine.learner_checkpoints import LearnerCheckpoints
+from dlc.engine.learner_pace import Slowdown, Throughput
+from dlc.engine.state_copy import StateCopy
+from dlc.engine.uplinks import uplink_for
 from dlc.errors import UserError
-from dlc.run.checkpoint import Checkpointer
 from dlc.run.storage import RunStorage, describe
-
-# Seconds a live syncer's direct channel may refuse a learner before the run fails with the reason.
-_UNREACHABLE_S = 30.0
-
-
-class _RayCalls:
-    """syncer.channel=ray: the learner's messages to the syncer are calls of its actor's methods."""
-
-    connected = True
-    failure: str | None = None
-
-    def __init__(self, syncer: Any) -> None:
-        self.syncer = syncer
-
-    @property
-    def push(self) -> Any:
-        return self.syncer.push
-
-    def connect(self, syncer: Any, index: int | None) -> bool:
-        self.syncer = syncer
-        return True
-
-    def heartbeat(self, index: int | None, step: int) -> None:
-        self.syncer.heartbeat.remote(index, step)
-
-    def barrier(self, timeout_s: float) -> None:
-        ray.get(self.syncer.barrier.remote(), timeout=timeout_s)
-
-
-class _Channel:
-    """syncer.channel=direct: the learner's messages go on one socket to the syncer's channel
-    (`dlc.net.channel`), connected when the loop starts and again whenever it breaks."""
-
-    def __init__(self, receive: Any) -> None:
-        from dlc.net.channel import Uplink
-
-        self.uplink = Uplink(receive)
-        self._unreachable: tuple[float, str] | None = None  # since when the syncer's channel refuses, and why
-        self.failure: str | None = None  # why the run must fail: a live syncer refused it for too long
-
-    @property
-    def connected(self) -> bool:
-        return self.uplink.connected
-
-    @property
-    def push(self) -> Any:
-        return self.uplink
-
-    def connect(self, syncer: Any, index: int | None) -> bool:
-        """Connect to `syncer`'s channel, unless already connected to it; False if it cannot now.
-
-        A syncer that is dead or restarting is waited for: the driver hands over the next one
-        (`LearnerWorker.set_syncer`). A live syncer whose channel cannot be reached for
-        `_UNREACHABLE_S` (a firewall between nodes) sets `failure`, which fails the run.
-        """
-        try:
-            channel = ray.get(syncer.channel.remote(), timeout=60)
-        except ray.exceptions.RayError:
-            return False
-        address = tuple(channel["address"])
-        if self.uplink.connected and self.uplink.peer == (address, channel["authkey"]):
-            return True
-        try:
-            self.uplink.connect(address, channel["authkey"], index)
-        except (OSError, EOFError, AuthenticationError) as exc:
-            since = self._unreachable[0] if self._unreachable else time.monotonic()
-            self._unreachable = (since, f"{type(exc).__name__}: {exc}")
-            if time.monotonic() - since > _UNREACHABLE_S:
-                self.failure = (
-                    f"learner {index} cannot reach the syncer at {address[0]}:{address[1]} for "
-                    f"{_UNREACHABLE_S:.0f} s ({self._unreachable[1]}): with syncer.channel=direct every learner "
-                    "connects to the syncer's node on a port it picks; open the nodes to each other, or set "
-                    "syncer.channel=ray to send the messages as Ray calls"
-                )
-            return False
-        self._unreachable = None
-        return True
-
-    def heartbeat(self, index: int | None, step: int) -> None:
-        self.uplink.heartbeat(index, step)
-
-    def barrier(self, timeout_s: float) -> None:
-        self.uplink.barrier(timeout_s=timeout_s)
 
 
 class LearnerWorker:
@@ -179,7 +95,7 @@ class LearnerWorker:
         self.syncer = syncer
         # syncer.channel=direct: messages to and from the syncer go on one socket (`dlc.net.channel`),
         # connected when the loop starts; ray: they are calls of the syncer's and this actor's methods.
-        self.link = _Channel(self._receive) if self.recipe.syncer.channel == "direct" else _RayCalls(syncer)
+        self.link = uplink_for(self.recipe, syncer, self._receive)
         self._link_lock = threading.Lock()
         self.learner = Learner(self.recipe, -1 if index is None else index, stream)
         learners = self.recipe.learners
@@ -187,7 +103,8 @@ class LearnerWorker:
         self.algorithm = get_algorithm(self.recipe.algorithm)
         upstream = SimpleNamespace(push=self.link.push)
         self.sync = self.algorithm.learner_sync(self.recipe, self.learner, self.transport, upstream)
-        self.sync.idle = self._serve_export  # a learner blocked on the others still serves state copies
+        self.copies = StateCopy(self.learner, self.sync)
+        self.sync.idle = self._serve_copies  # a learner blocked on the others still serves state copies
         # Seqs never repeat across incarnations of one learner index, so a (learner, seq) pair
         # names one push for the whole run, also across syncer restarts.
         self.sync.seq = incarnation * SEQ_STRIDE
@@ -198,28 +115,25 @@ class LearnerWorker:
         self.metrics: list[dict[str, Any]] = []
         self.state = "starting" if index is not None else "spare"
         self._compiled = threading.Event()
-        self._copying = False
         self.loss: float | None = None
         self.rate = 0.0
         self.steady = 0.0
-        self.base_tokens = 0
         self.error: str | None = None
         self._stop = threading.Event()
         # Seconds the loop stood still for something other than its own protocol: writing
         # checkpoints, and copying its state for a peer at a step boundary (the sync's own
         # waiting is its `waiting_s`). The goodput ledger files them as checkpoint and waiting.
         self.blocked_s = {"checkpoint": 0.0, "peer_copy": 0.0}
-        self._export_requests: list[threading.Event] = []
-        self._slow: tuple[float, float] = (1.0, 0.0)
+        self.slowdown = Slowdown()
         self._thread: threading.Thread | None = None
         self._heart: threading.Thread | None = None
         self._compiler = threading.Thread(target=self._compile, name="compile", daemon=True)
         self._compiler.start()
 
-    def _checkpointer(self, index: int) -> Checkpointer:
+    def _checkpointer(self, index: int) -> LearnerCheckpoints:
         if self.storage_error:
             raise UserError(self.storage_error)
-        return Checkpointer(self.storage.learner_dir(index), self.recipe.checkpoint.keep)
+        return LearnerCheckpoints(self.storage.learner_dir(index), self.recipe.checkpoint.keep, self.learner, self.sync)
 
     def where(self) -> dict[str, Any]:
         """Its node, and why it cannot use the run's storage (None when it can)."""
@@ -247,7 +161,7 @@ class LearnerWorker:
         for a spare, starting); None once it trains."""
         if self.state not in ("starting", "spare"):
             return None
-        if self._copying:
+        if self.copies.copying:
             return "copying state"
         if not self._compiled.is_set():
             return "compiling" if self.compiles.compiling else "loading compiled step"
@@ -274,34 +188,14 @@ class LearnerWorker:
         return os.getpid()
 
     def restore(self, next_seq: int = 0) -> dict[str, Any]:
-        """Load this learner's checkpoint, if any; returns its step, data position and incarnation.
-
-        `next_seq` is the lowest seq the restored syncer has not seen from this learner: after a
-        hard stop its checkpoint is older than the syncer's, and a seq reused would be refused as a
-        duplicate. The incarnation is the one those seqs belong to, so a later restart numbers its
-        pushes above every earlier process's.
-        """
-        found = self.checkpointer.latest_step() is not None
-        if found:
-            tree, meta = self.checkpointer.restore(self.checkpoint_tree())
-            self.learner.load_state(tree["learner"], meta)
-            self.sync.load(tree["sync"], meta["sync"])
-        self.sync.seq = max(self.sync.seq, next_seq)
-        self.incarnation = self.sync.incarnation = self.sync.seq // SEQ_STRIDE
-        return {
-            "step": self.learner.step,
-            "data_position": self.learner.position,
-            "incarnation": self.incarnation,
-            "checkpoint": found,
-        }
-
-    def checkpoint_tree(self) -> dict[str, Any]:
-        return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}
+        """Load this learner's checkpoint, if any, numbering its pushes from `next_seq` on (the lowest seq
+        the restored syncer has not seen from it); returns its step, data position and incarnation."""
+        where = self.checkpointer.restore(next_seq)
+        self.incarnation = where["incarnation"]
+        return where
 
     def save(self) -> None:
-        self.learner.flush()
-        meta = {**self.learner.state_meta(), "sync": self.sync.state()[1]}
-        self.checkpointer.save(self.learner.step, self.checkpoint_tree(), meta)
+        self.checkpointer.save()
 
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
@@ -344,8 +238,7 @@ class LearnerWorker:
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
         max_steps = recipe.run.max_steps
-        window: list[tuple[float, int]] = []
-        first: tuple[float, int] | None = None
+        meter = Throughput()
         self._compiler.join()
         if self.error:
             return
@@ -355,7 +248,7 @@ class LearnerWorker:
                 events = self.sync.step(self._stop)
                 self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
                 copying = time.monotonic()
-                if self._serve_export():
+                if self._serve_copies():
                     self.blocked_s["peer_copy"] += time.monotonic() - copying
                 if learner.step % recipe.checkpoint.every_steps == 0:
                     saving = time.monotonic()
@@ -364,8 +257,7 @@ class LearnerWorker:
                     self.blocked_s["checkpoint"] += time.monotonic() - saving
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
                 now = time.monotonic()
-                if first is None:  # start-up ends with the first step
-                    first = (now, learner.tokens)
+                if not meter.started:  # start-up ends with the first step
                     self.state = "training"
                     events.append(
                         {
@@ -376,14 +268,11 @@ class LearnerWorker:
                             **self.startup,
                         }
                     )
-                self.steady = (learner.tokens - first[1]) / (now - first[0]) if now > first[0] else 0.0
-                window.append((now, learner.tokens))
-                while len(window) > 2 and now - window[0][0] > 5.0:
-                    window.pop(0)
-                rate = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0]) if len(window) > 1 else 0.0
+                meter.measure(now, learner.tokens)
+                self.steady = meter.steady
                 with self.lock:
                     self.events.extend(events)
-                    self.rate = rate
+                    self.rate = meter.rate
                 self._log_records()
             learner.flush()
             self._log_records()
@@ -424,7 +313,7 @@ class LearnerWorker:
             "id": self.index,
             "state": self.state,
             "step": self.learner.step,
-            "tokens": self.learner.tokens - self.base_tokens,
+            "tokens": self.learner.tokens - self.copies.base_tokens,
             "tokens_per_s": round(self.rate, 1),
             "steady_tokens_per_s": round(self.steady, 1),
             "loss": self.loss,
@@ -481,104 +370,44 @@ class LearnerWorker:
             raise UserError(self.storage_error)
         return os.getpid()
 
-    # -- serving a state copy to a rejoining peer, without pausing ----------------------------
+    # -- state copies, for a rejoining peer and from one (`dlc.engine.state_copy`) ----------------
 
     def export_state(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """Host copies of params, AdamW state, anchors, versions, step and data position.
+        """Host copies of params, AdamW state, anchors, versions, step and data position, for a peer;
+        a training loop takes them at its next step boundary and goes on."""
+        training = self._thread is not None and self._thread.is_alive()
+        return self.copies.give(self.index, training, timeout_s)
 
-        Called from another thread: the training loop takes the copy at its next step
-        boundary (a device-to-host copy, milliseconds) and goes on training; serialising and
-        sending it to the new learner happen here, off the loop.
-        """
-        import jax
-
-        if self._thread is None or not self._thread.is_alive():  # not training: copy directly
-            return self._copy_state(jax)
-        request = threading.Event()
-        with self.lock:
-            self._export_requests.append(request)
-        if not request.wait(timeout_s):
-            raise TimeoutError(f"learner {self.index} did not reach a step boundary in {timeout_s} s")
-        return request.state  # type: ignore[attr-defined]
-
-    def _serve_export(self) -> bool:
-        """Copy the state for every peer that asked since the last step; returns whether any had."""
-        if not self._export_requests:
-            return False
-        import jax
-
-        with self.lock:
-            requests, self._export_requests = self._export_requests, []
-        state = self._copy_state(jax)
-        for request in requests:
-            request.state = state  # type: ignore[attr-defined]
-            request.set()
-        return True
-
-    def _copy_state(self, jax: Any) -> dict[str, Any]:
-        self.learner.flush()
-        fragments, versions = self.sync.peer_view()
-        return {
-            "from": self.index,
-            "tree": jax.device_get(self.learner.state_tree()),
-            "meta": self.learner.state_meta(),
-            "fragments": fragments,
-            "versions": versions,
-            "copied_at": time.time(),
-        }
+    def _serve_copies(self) -> bool:
+        return self.copies.serve(self.index)
 
     def import_state(self, state: dict[str, Any], data_position: int) -> dict[str, Any]:
-        """Become a copy of a peer (before `start`): its params, AdamW state and step, at
-        `data_position` of this learner's own stream (where its previous process had got to).
-
-        The anchors become the copied parameters, not the peer's anchors: the peer will push
-        its own unsent progress itself, so this learner's first push must carry only what it
-        learns from now on. The peer's data position is a place in the peer's stream: taken on
-        this learner's stream it would repeat or skip part of its shard.
-        """
-        self._copying = True
-        try:
-            self.learner.load_state(state["tree"], {**state["meta"], "data_position": data_position})
-            self.base_tokens = self.learner.tokens  # the peer's tokens are the peer's, not this learner's
-            self.sync.adopt_peer(state["fragments"], state["versions"])
-        finally:
-            self._copying = False
-        copy_s = round(time.time() - state["copied_at"], 3)
-        self.startup["copy_s"] = copy_s
-        return {
-            "peer": state["from"],
-            "step": self.learner.step,
-            "data_position": self.learner.position,
-            "copy_s": copy_s,
-        }
+        """Become a copy of a peer (before `start`), at `data_position` of this learner's own stream."""
+        where = self.copies.take_peer(state, data_position)
+        self.startup["copy_s"] = where["copy_s"]
+        return where
 
     def import_global(
         self, global_state: tuple[list[np.ndarray], list[int]], data_position: int, step: int = 0
     ) -> dict[str, Any]:
-        """No healthy peer: start from the syncer's global fragments with fresh AdamW state, at
-        `data_position` of this learner's own stream and at `step`, where its previous process had
-        got to (so it does not train the run's steps all over again).
+        """No healthy peer: start from the syncer's global fragments at `data_position` and `step`.
 
         `global_state` is what the syncer's `global_fragments` returns, (fragments, versions), so
         the supervisor can hand one actor's answer to the other without waiting for it.
         """
-        fragments, versions = global_state
-        self.sync.adopt_global(fragments, versions)
-        self.learner.stream.position = data_position
-        self.learner.step = step
-        return {"peer": None, "step": self.learner.step, "data_position": self.learner.position}
+        return self.copies.take_global(global_state, data_position, step)
 
     # -- slow-downs ---------------------------------------------------------------------------
 
     def set_slow(self, factor: float, seconds: float) -> None:
         """Stretch every step to `factor` times its natural length for `seconds`."""
-        self._slow = (factor, time.monotonic() + seconds)
+        self.slowdown.set(factor, seconds)
 
     def _apply_slow(self, step_s: float) -> None:
-        factor, until = self._slow
-        if factor > 1.0 and time.monotonic() < until:
+        pause_s = self.slowdown.pause_s(step_s)
+        if pause_s is not None:
             self.state = "slow"
-            time.sleep((factor - 1.0) * step_s)
+            time.sleep(pause_s)
         elif self.state == "slow":
             self.state = "training"
 

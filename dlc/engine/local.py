@@ -9,29 +9,37 @@ freeze one for a while, as the real engine's learners drift apart.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from dlc.algo import get_algorithm
+from dlc.algo.protocol import LearnerSync, Syncer
 from dlc.config.schema import Recipe
 from dlc.core.data import Split
 from dlc.core.evaluate import Evaluator
 from dlc.core.learner import Learner
 from dlc.core.model import flatten_params, unflatten_params
-from dlc.net.transport import Transport
+from dlc.net.transport import RemoteMethod, Transport
 
 
-@dataclass
-class Direct:
-    """Stands in for a Ray actor method: `.remote(x)` calls the function now."""
+@dataclass(frozen=True)
+class _Call:
+    """A function of this process where the engine calls an actor's method (`RemoteMethod`):
+    `.remote(x)` calls it at once, so the twin's messages still pass through `Transport`."""
 
-    fn: Callable[[Any], Any]
+    fn: Callable[..., Any]
 
     def remote(self, *args: Any) -> Any:
         return self.fn(*args)
+
+
+@dataclass(frozen=True)
+class _Upstream:
+    """The syncer as an algorithm's learner side is handed it (`Algorithm.learner_sync`): its `push`."""
+
+    push: RemoteMethod
 
 
 class InProcessRun:
@@ -62,27 +70,30 @@ class InProcessRun:
             raise ValueError(f"need {count} positive paces and {count} start times")
         self._next_s = [start + pace for start, pace in zip(starts, self.paces_s, strict=True)]
         self._frozen: dict[int, tuple[float, float]] = {}
+        self._never = threading.Event()  # the stop a step is given: the twin stops between steps
         self.learners = [Learner(recipe, i, split.streams[i]) for i in range(count)]
         # Host copies: the learners' own arrays are donated to their next step.
         self.initial = flatten_params(self.learners[0].params)
         self.like = unflatten_params(self.initial, self.learners[0].params)
-        self.syncs: list[Any] = []
-        self.syncer = algorithm.syncer(recipe, self.initial, self._deliver, lambda: self.now)
-        push = Direct(self.syncer.push)
+        self.syncs: list[LearnerSync] = []
+        self.syncer: Syncer = algorithm.syncer(recipe, self.initial, self._deliver, lambda: self.now)
+        upstream = _Upstream(_Call(self.syncer.push))
         for learner in self.learners:
-            self.syncs.append(algorithm.learner_sync(recipe, learner, Transport(), type("S", (), {"push": push})))
+            self.syncs.append(algorithm.learner_sync(recipe, learner, Transport(), upstream))
             self.syncer.join(learner.index)
         self.down = Transport()
         self.evaluator = Evaluator(recipe, self.learners[0].graphdef, split.eval_bytes)
 
     def _deliver(self, learner: int, message: Any) -> int:
-        return self.down.send(Direct(self.syncs[learner].receive), message)
+        return self.down.send(_Call(self.syncs[learner].receive), message)
 
     def _step(self, index: int) -> None:
-        learner, sync = self.learners[index], self.syncs[index]
-        learner.train_step()
+        learner = self.learners[index]
+        # One step of the learner's loop as the actor runs it: train, then push and adopt what is due.
+        # Nothing here waits on other learners (blocking algorithms are refused above), so `step`
+        # is never asked to stop.
+        self.syncs[index].step(self._never)
         learner.take_records()  # the twin keeps no per-step log
-        sync.after_step()
         self.syncer.heartbeat(index, learner.step)
 
     def step_all(self) -> None:
@@ -134,7 +145,3 @@ class InProcessRun:
 
     def learner_eval(self, index: int) -> float:
         return self.evaluator(self.learners[index].params)[0]
-
-
-def evaluate_flat(evaluator: Evaluator, flat: dict[str, np.ndarray], like: Any) -> float:
-    return evaluator(unflatten_params(flat, like))[0]

@@ -1,15 +1,10 @@
-"""Keeps the learners alive: polls them, notices deaths and stalls, restarts and rejoins them.
+"""Keeps the learners alive: polls them, notices deaths and stalls, and files each one's time.
 
-Ray notices a killed process (the actor's next call fails) but never a frozen one, so a learner
-that has not answered a poll for `heartbeat_timeout_s` is shown `stalled` until it answers
-again. A dead learner is replaced by a new actor of the same index, which copies parameters,
-AdamW state, step and data position from a healthy peer (the peer keeps training; it copies
-its state at a step boundary), or starts from the syncer's global fragments when no peer is
-healthy, and then rejoins the syncer as a new incarnation. Every step of that is an event,
-and the observed outcome of each chaos fault goes to chaos.jsonl.
-
-Chaos's kills, stalls and lost nodes arrive as requests (control.jsonl) and are carried out by the
-agent on the target's node (`dlc.engine.agent`), which signals the process there.
+Every tick polls each learner without waiting: Ray notices a killed process (the actor's next call
+fails) but never a frozen one, so a learner that has not answered a poll for `heartbeat_timeout_s`
+is shown `stalled` until it answers again. A death starts a recovery (`dlc.engine.recovery`); chaos's
+requests of control.jsonl are carried out first (`dlc.engine.control`). The time of each learner is
+filed in the goodput ledger under its state: training, waiting, checkpointing, restarting, ...
 
 With `learners.spares: N`, N hot spares (`dlc.engine.spares`) wait beside the learners: a dead
 learner's slot is taken over by a ready spare, which skips the process start and the compilation.
@@ -29,15 +24,11 @@ import ray
 
 from dlc.config.schema import Recipe
 from dlc.engine.agent import Agents, Signals
-from dlc.engine.control import ChaosLog
+from dlc.engine.control import ChaosLog, carry_out
+from dlc.engine.recovery import Recoveries, Recovery
 from dlc.engine.spares import SparePool
-from dlc.errors import UserError
 from dlc.observe.goodput import STATE_BUCKET, Ledger
-from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
-
-MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
-
 
 # Events said on the console as they happen: a death, a stall, and the recovery of each.
 TOLD = {
@@ -60,23 +51,6 @@ _TOLD_FORMAT = _Told()
 
 
 @dataclass
-class Recovery:
-    """A learner being brought back: restarting -> rejoining (copying state) -> registering (with
-    the syncer) -> awaiting its first push."""
-
-    phase: str
-    actor: Any
-    ref: Any
-    died_at: float
-    restarted_at: float | None = None
-    peer: int | None = None
-    spare: bool = False  # a hot spare took the slot over
-    data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
-    attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
-    step: int = 0  # the dead process's last reported step: where a start from the global model goes on
-
-
-@dataclass
 class LearnerSlot:
     handle: Any
     stream: Any  # ObjectRef of the learner's byte stream
@@ -95,7 +69,7 @@ class LearnerSlot:
     finished: bool = False
 
 
-class Supervisor:
+class Supervisor(Recoveries):
     def __init__(
         self,
         recipe: Recipe,
@@ -141,6 +115,25 @@ class Supervisor:
         self.slots[index] = LearnerSlot(handle, stream, view={"id": index, "state": "starting", "pid": pid})
         self.ledger.tick(index, "starting", time.monotonic() - since)
 
+    def join(self, duration_s: float | None) -> None:
+        """A temporary learner with its own data stream, brought in by a peer copy like a restart."""
+        index = max(self.slots) + 1
+        stream = self.join_streams.pop(0)
+        actor = self.make_learner(index, stream, 0)
+        self.slots[index] = LearnerSlot(actor, stream, view={"id": index, "state": "restarting"}, override="restarting")
+        self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
+        if duration_s is not None:
+            self.slots[index].leave_at = time.monotonic() + float(duration_s)
+        self.rundir.event("learner_joining", learner=index, duration_s=duration_s)
+
+    def leave(self, index: int) -> None:
+        """Live learner `index` stops for good (a joiner's time is up, or chaos asked)."""
+        slot = self.slots[index]
+        slot.handle.stop.remote()
+        slot.override = "left"
+        self.syncer.leave.remote(index)
+        self.rundir.event("learner_left", learner=index)
+
     def live(self) -> dict[int, Any]:
         """Handles of learners that are neither dead, recovering nor gone."""
         return {
@@ -176,7 +169,7 @@ class Supervisor:
         # as injected when its outcome is recorded. Requests are carried out before the polls, so
         # a signal is on its way while this tick works (the driver's next tick comes early then).
         for request in self.chaos.requests():
-            self._carry_out(request)
+            carry_out(request, self)
         self._poll(absorb, now)
         self.spares.poll()
         self.failure = self.failure or self.spares.failure
@@ -184,7 +177,7 @@ class Supervisor:
         self.signals.check()
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
-                self._carry_out({"op": "leave", "learner": i})
+                self.leave(i)
         self.file_time()
 
     def forgive_silence(self) -> None:
@@ -269,212 +262,6 @@ class Supervisor:
         rate = slot.view.get("tokens_per_s") or 0.0
         per_step = slot.view.get("tokens_per_step") or 0
         return per_step / rate if rate > 0 else 0.0
-
-    # -- death and rejoin --------------------------------------------------------------------
-
-    def _on_death(self, i: int) -> None:
-        slot = self.slots[i]
-        slot.override = "dead"
-        # Progress not yet pushed died with the process: mean steps since each fragment's push.
-        self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))
-        # Its position in its own stream as last reported (every poll): what it read after that
-        # died unpushed with it, so the new process reads it again rather than skipping it.
-        position = int(slot.view.get("data_position") or 0)
-        step = int(slot.view.get("step") or 0)
-        self._event(
-            "learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"), data_position=position
-        )
-        self.dead_tokens[i] += slot.view.get("tokens", 0)
-        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
-        fault = slot.death_fault = self.chaos.death_fault(i)
-        self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
-        self.syncer.leave.remote(i)
-        incarnation = self.restarts[i] + 1
-        spare = self.spares.take(i)
-        lost = self.feasible(i) if spare is None and self.feasible is not None else None
-        if lost is not None:
-            self._retire(i, lost, fault)
-            return
-        if spare is not None:
-            ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
-            slot.recovery = Recovery(
-                "restarting", spare.actor, ref, died_at=time.time(), spare=True, data_position=position, step=step
-            )
-            slot.view["phase"] = f"spare {spare.name} taking over"
-            self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
-            self.spares.keep()
-        else:
-            actor = self.make_learner(i, slot.stream, incarnation)
-            slot.recovery = Recovery(
-                "restarting", actor, actor.ready.remote(), died_at=time.time(), data_position=position, step=step
-            )
-        slot.override = "restarting"
-        self.restarts[i] += 1
-
-    def _retire(self, i: int, reason: str, fault: str) -> None:
-        """Learner `i` died and no live node can hold it (pinned by resources or labels to a node that is
-        gone): a restart would wait forever for resources that never come. The run goes on without it."""
-        slot = self.slots[i]
-        slot.override, slot.recovery, slot.view["phase"] = "left", None, None
-        self._event("learner_lost", learner=i, reason=reason)
-        self.chaos.outcome(fault, i, "not_restarted", detail=reason)
-
-    def _advance_recoveries(self) -> None:
-        for i, slot in self.slots.items():
-            rec = slot.recovery
-            if rec is None:
-                continue
-            ready, _ = ray.wait([rec.ref], timeout=0)
-            if not ready:
-                continue
-            try:
-                result = ray.get(rec.ref)
-            except ray.exceptions.RayError as exc:
-                self._recovery_failed(i, slot, rec, exc)
-                continue
-            if rec.phase == "restarting":
-                rec.restarted_at = time.time()
-                self.rundir.event(
-                    "learner_restarted",
-                    learner=i,
-                    pid=result,
-                    after_s=round(rec.restarted_at - rec.died_at, 3),
-                    spare=rec.spare,
-                )
-                fault = slot.death_fault
-                self.chaos.outcome(fault, i, "restarted", after_s=self.chaos.since(fault, i), pid=result)
-                slot.view = {**slot.view, "pid": result}
-                self._copy_state(i, slot, rec)
-            elif rec.phase == "rejoining":
-                self.rundir.event("learner_rejoined", learner=i, **result)
-                fault = slot.death_fault
-                self.chaos.outcome(fault, i, "state_copied", after_s=self.chaos.since(fault, i), **result)
-                rec.phase, rec.ref = "registering", self.syncer.rejoin.remote(i, rec.actor)
-            elif rec.phase == "registering":
-                rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
-                rec.actor.start.remote(None, None)
-                slot.handle, slot.recovery, slot.override = rec.actor, None, None
-                slot.blocked_filed = {}  # the new process counts from zero
-                slot.last_seen = time.monotonic()
-                slot.awaiting_first_push = rec.died_at
-
-    def _copy_state(self, i: int, slot: LearnerSlot, rec: Recovery) -> None:
-        """The new process copies a healthy peer's state, or the global model when none is healthy."""
-        peer = self._healthy_peer(exclude=i)
-        slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
-        rec.peer = peer
-        if peer is not None:
-            state = self.slots[peer].handle.export_state.remote()
-            rec.ref = rec.actor.import_state.remote(state, rec.data_position)
-        else:
-            rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote(), rec.data_position, rec.step)
-        rec.phase = "rejoining"
-        slot.override = "rejoining"
-
-    def _recovery_failed(self, i: int, slot: LearnerSlot, rec: Recovery, exc: Exception) -> None:
-        """A step of a recovery failed: the syncer, the peer or the new process died under it."""
-        if rec.phase == "registering" and isinstance(exc, ray.exceptions.RayActorError):
-            # The syncer died: the driver restarts it; register with the new one (this one until then).
-            rec.ref = self.syncer.rejoin.remote(i, rec.actor)
-            return
-        cause = getattr(exc, "cause", None)  # a backend or storage that failed: its one line
-        if isinstance(cause, UserError) and not rec.spare:
-            self.failure, slot.recovery = f"learner {i} could not be restarted: {cause}", None
-            return
-        if rec.phase == "rejoining" and self._alive(rec.actor):
-            # The peer (or the syncer) it copied from died mid-copy: copy from another.
-            self.rundir.event("state_copy_retried", learner=i, peer=rec.peer, error=str(exc).splitlines()[0])
-            self._copy_state(i, slot, rec)
-            return
-        ray.kill(rec.actor)  # whatever is left of it must not hold its resources
-        if rec.spare and rec.phase == "restarting":  # the spare died (or refused) before it took over
-            self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
-            self._start_again(i, slot, rec, attempts=rec.attempts)
-            return
-        # Its new process died before it was ready: its node died under it (Ray marks a lost node
-        # dead seconds after its processes die). Try again where there is room, or retire.
-        lost = self.feasible(i) if self.feasible is not None else None
-        if lost is not None:
-            self._retire(i, lost, slot.death_fault)
-        elif rec.attempts < MAX_RESTART_ATTEMPTS:
-            self._start_again(i, slot, rec, attempts=rec.attempts + 1)
-            self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
-        else:
-            self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
-
-    def _start_again(self, i: int, slot: LearnerSlot, rec: Recovery, attempts: int) -> None:
-        actor = self.make_learner(i, slot.stream, self.restarts[i])
-        slot.recovery = Recovery(
-            "restarting",
-            actor,
-            actor.ready.remote(),
-            died_at=rec.died_at,
-            attempts=attempts,
-            data_position=rec.data_position,
-            step=rec.step,
-        )
-        slot.override, slot.view["phase"] = "restarting", "starting process"
-
-    @staticmethod
-    def _alive(actor: Any) -> bool:
-        """Whether a learner process answers (waits up to 5 s: only on a failed recovery)."""
-        try:
-            ray.get(actor.ready.remote(), timeout=5)
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-            return False
-        return True
-
-    def _healthy_peer(self, exclude: int) -> int | None:
-        now = time.monotonic()
-        candidates = [
-            (slot.view.get("step", 0), i)
-            for i, slot in self.slots.items()
-            if i != exclude and self.state_of(i) in HEALTHY_STATES and now - slot.last_seen < 2.0
-        ]
-        return max(candidates)[1] if candidates else None
-
-    # -- requests from chaos (control.jsonl) ---------------------------------------------------
-
-    def _carry_out(self, request: dict[str, Any]) -> None:
-        op, i = request.get("op"), request.get("learner")
-        slot = self.slots.get(i) if i is not None else None
-        if op in ("kill", "stall", "kill_node", "kill_syncer"):
-            live = {j: self.slots[j].view for j in self.live()}
-            self.signals.carry_out(request, live, self.syncer_pid, self.syncer_node)
-        elif op == "slow" and slot is not None and i in self.live():
-            duration = request.get("duration_s")
-            seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
-            slot.handle.set_slow.remote(float(request.get("factor") or 2.0), seconds)
-            self.rundir.event(
-                "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
-            )
-        elif op in ("degrade_link", "cut_link") and slot is not None and i in self.live():
-            factor = float(request.get("factor") or 10.0) if op == "degrade_link" else None
-            seconds = float(request.get("duration_s") or 10.0)
-            slot.handle.impair_link.remote(factor, seconds)  # the uplink
-            self.syncer.impair_link.remote(i, factor, seconds)  # the downlink
-            self.rundir.event("link_degraded" if factor else "link_cut", learner=i, factor=factor, duration_s=seconds)
-        elif op == "leave" and slot is not None and i in self.live():
-            slot.handle.stop.remote()
-            slot.override = "left"
-            self.syncer.leave.remote(i)
-            self.rundir.event("learner_left", learner=i)
-        elif op == "join" and self.join_streams:
-            self._join(request.get("duration_s"))
-        else:
-            reason = "no data stream left for a joiner" if op == "join" else "unknown op or learner not live"
-            self.rundir.event("control_ignored", request=request, reason=reason)
-
-    def _join(self, duration_s: float | None) -> None:
-        """A temporary learner with its own data stream, brought in by a peer copy like a restart."""
-        index = max(self.slots) + 1
-        stream = self.join_streams.pop(0)
-        actor = self.make_learner(index, stream, 0)
-        self.slots[index] = LearnerSlot(actor, stream, view={"id": index, "state": "restarting"}, override="restarting")
-        self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
-        if duration_s is not None:
-            self.slots[index].leave_at = time.monotonic() + float(duration_s)
-        self.rundir.event("learner_joining", learner=index, duration_s=duration_s)
 
     def stop_all(self, timeout_s: float, absorb: Any) -> list[tuple[int, dict[str, Any] | None]]:
         """Stop every live learner; frozen or dying ones are killed after `timeout_s`.

@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
-from dlc.core.runtime import freeze_heap
+from dlc.core.allocator import freeze_heap
 from dlc.engine.cluster import node_info
 from dlc.engine.journal import Journal, damaged
 from dlc.errors import UserError
@@ -145,7 +145,7 @@ class SyncerWorker:
             **(restored or {}),
             "journal_rounds": replayed,
             "versions": self.syncer.versions(),
-            "rounds_closed": self.syncer.rounds_closed,
+            "rounds_closed": self.syncer.counters.rounds_closed,
         }
 
     def start(self) -> None:
@@ -223,7 +223,7 @@ class SyncerWorker:
             meta = {**meta, "round_events": self._round_events}
             self._round_events = []
             tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
-            step = self.syncer.rounds_closed
+            step = self.syncer.counters.rounds_closed
             # Rounds after this state go to a fresh journal; the old one stays until the
             # checkpoint is complete, so a death mid-save still replays from the previous one.
             self.journal.rotate(self.syncer.journal_snapshot())

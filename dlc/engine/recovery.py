@@ -1,0 +1,271 @@
+"""Bringing a dead process back. A learner: a new process (or a hot spare), a copy of a peer's state,
+a rejoin. The syncer: a new process from its checkpoint and journal, to which learners re-send.
+
+Ray notices a killed process (the actor's next call fails). The dead learner is replaced by a new
+actor of the same index, or by a ready hot spare (`dlc.engine.spares`), which copies parameters,
+AdamW state, step and data position from a healthy peer (the peer keeps training; it copies its
+state at a step boundary), or starts from the syncer's global fragments when no peer is healthy,
+and then rejoins the syncer as a new incarnation. A learner that no live node can hold is retired
+and the run goes on without it. Every step of that is an event, and the observed outcome of each
+chaos fault goes to chaos.jsonl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from dlc.engine.control import ChaosLog
+from dlc.engine.spares import SparePool
+from dlc.errors import UserError
+from dlc.observe.goodput import Ledger
+from dlc.run.files import HEALTHY_STATES
+from dlc.run.rundir import RunDir
+
+if TYPE_CHECKING:
+    from dlc.engine.supervisor import LearnerSlot
+
+MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
+
+
+@dataclass
+class Recovery:
+    """A learner being brought back: restarting -> rejoining (copying state) -> registering (with
+    the syncer) -> awaiting its first push."""
+
+    phase: str
+    actor: Any
+    ref: Any
+    died_at: float
+    restarted_at: float | None = None
+    peer: int | None = None
+    spare: bool = False  # a hot spare took the slot over
+    data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
+    attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
+    step: int = 0  # the dead process's last reported step: where a start from the global model goes on
+
+
+class Recoveries:
+    """The supervisor's part that brings dead learners back (`Supervisor` is one); what it uses of the
+    supervisor is declared here."""
+
+    rundir: RunDir
+    syncer: Any
+    slots: dict[int, LearnerSlot]
+    make_learner: Any  # (index, stream_ref, incarnation) -> actor handle
+    spares: SparePool
+    restarts: Counter[int]
+    dead_tokens: Counter[int]
+    ledger: Ledger
+    chaos: ChaosLog
+    feasible: Callable[[int], str | None] | None
+    failure: str | None
+
+    if TYPE_CHECKING:  # the supervisor's own
+
+        def _event(self, kind: str, **fields: Any) -> None: ...
+        def state_of(self, index: int) -> str: ...
+        def live(self) -> dict[int, Any]: ...
+        def forgive_silence(self) -> None: ...
+        @staticmethod
+        def _step_s(slot: LearnerSlot) -> float: ...
+
+    def _on_death(self, i: int) -> None:
+        slot = self.slots[i]
+        slot.override = "dead"
+        # Progress not yet pushed died with the process: mean steps since each fragment's push.
+        self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))
+        # Its position in its own stream as last reported (every poll): what it read after that
+        # died unpushed with it, so the new process reads it again rather than skipping it.
+        position = int(slot.view.get("data_position") or 0)
+        step = int(slot.view.get("step") or 0)
+        self._event(
+            "learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"), data_position=position
+        )
+        self.dead_tokens[i] += slot.view.get("tokens", 0)
+        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
+        fault = slot.death_fault = self.chaos.death_fault(i)
+        self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
+        self.syncer.leave.remote(i)
+        incarnation = self.restarts[i] + 1
+        spare = self.spares.take(i)
+        lost = self.feasible(i) if spare is None and self.feasible is not None else None
+        if lost is not None:
+            self._retire(i, lost, fault)
+            return
+        if spare is not None:
+            ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
+            slot.recovery = Recovery(
+                "restarting", spare.actor, ref, died_at=time.time(), spare=True, data_position=position, step=step
+            )
+            slot.view["phase"] = f"spare {spare.name} taking over"
+            self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
+            self.spares.keep()
+        else:
+            actor = self.make_learner(i, slot.stream, incarnation)
+            slot.recovery = Recovery(
+                "restarting", actor, actor.ready.remote(), died_at=time.time(), data_position=position, step=step
+            )
+        slot.override = "restarting"
+        self.restarts[i] += 1
+
+    def _retire(self, i: int, reason: str, fault: str) -> None:
+        """Learner `i` died and no live node can hold it (pinned by resources or labels to a node that is
+        gone): a restart would wait forever for resources that never come. The run goes on without it."""
+        slot = self.slots[i]
+        slot.override, slot.recovery, slot.view["phase"] = "left", None, None
+        self._event("learner_lost", learner=i, reason=reason)
+        self.chaos.outcome(fault, i, "not_restarted", detail=reason)
+
+    def _advance_recoveries(self) -> None:
+        for i, slot in self.slots.items():
+            rec = slot.recovery
+            if rec is None:
+                continue
+            ready, _ = ray.wait([rec.ref], timeout=0)
+            if not ready:
+                continue
+            try:
+                result = ray.get(rec.ref)
+            except ray.exceptions.RayError as exc:
+                self._recovery_failed(i, slot, rec, exc)
+                continue
+            if rec.phase == "restarting":
+                rec.restarted_at = time.time()
+                self.rundir.event(
+                    "learner_restarted",
+                    learner=i,
+                    pid=result,
+                    after_s=round(rec.restarted_at - rec.died_at, 3),
+                    spare=rec.spare,
+                )
+                fault = slot.death_fault
+                self.chaos.outcome(fault, i, "restarted", after_s=self.chaos.since(fault, i), pid=result)
+                slot.view = {**slot.view, "pid": result}
+                self._copy_state(i, slot, rec)
+            elif rec.phase == "rejoining":
+                self.rundir.event("learner_rejoined", learner=i, **result)
+                fault = slot.death_fault
+                self.chaos.outcome(fault, i, "state_copied", after_s=self.chaos.since(fault, i), **result)
+                rec.phase, rec.ref = "registering", self.syncer.rejoin.remote(i, rec.actor)
+            elif rec.phase == "registering":
+                rec.actor.set_syncer.remote(self.syncer)  # the syncer may have restarted meanwhile
+                rec.actor.start.remote(None, None)
+                slot.handle, slot.recovery, slot.override = rec.actor, None, None
+                slot.blocked_filed = {}  # the new process counts from zero
+                slot.last_seen = time.monotonic()
+                slot.awaiting_first_push = rec.died_at
+
+    def _copy_state(self, i: int, slot: LearnerSlot, rec: Recovery) -> None:
+        """The new process copies a healthy peer's state, or the global model when none is healthy."""
+        peer = self._healthy_peer(exclude=i)
+        slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
+        rec.peer = peer
+        if peer is not None:
+            state = self.slots[peer].handle.export_state.remote()
+            rec.ref = rec.actor.import_state.remote(state, rec.data_position)
+        else:
+            rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote(), rec.data_position, rec.step)
+        rec.phase = "rejoining"
+        slot.override = "rejoining"
+
+    def _recovery_failed(self, i: int, slot: LearnerSlot, rec: Recovery, exc: Exception) -> None:
+        """A step of a recovery failed: the syncer, the peer or the new process died under it."""
+        if rec.phase == "registering" and isinstance(exc, ray.exceptions.RayActorError):
+            # The syncer died: the driver restarts it; register with the new one (this one until then).
+            rec.ref = self.syncer.rejoin.remote(i, rec.actor)
+            return
+        cause = getattr(exc, "cause", None)  # a backend or storage that failed: its one line
+        if isinstance(cause, UserError) and not rec.spare:
+            self.failure, slot.recovery = f"learner {i} could not be restarted: {cause}", None
+            return
+        if rec.phase == "rejoining" and self._alive(rec.actor):
+            # The peer (or the syncer) it copied from died mid-copy: copy from another.
+            self.rundir.event("state_copy_retried", learner=i, peer=rec.peer, error=str(exc).splitlines()[0])
+            self._copy_state(i, slot, rec)
+            return
+        ray.kill(rec.actor)  # whatever is left of it must not hold its resources
+        if rec.spare and rec.phase == "restarting":  # the spare died (or refused) before it took over
+            self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
+            self._start_again(i, slot, rec, attempts=rec.attempts)
+            return
+        # Its new process died before it was ready: its node died under it (Ray marks a lost node
+        # dead seconds after its processes die). Try again where there is room, or retire.
+        lost = self.feasible(i) if self.feasible is not None else None
+        if lost is not None:
+            self._retire(i, lost, slot.death_fault)
+        elif rec.attempts < MAX_RESTART_ATTEMPTS:
+            self._start_again(i, slot, rec, attempts=rec.attempts + 1)
+            self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
+        else:
+            self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
+
+    def _start_again(self, i: int, slot: LearnerSlot, rec: Recovery, attempts: int) -> None:
+        actor = self.make_learner(i, slot.stream, self.restarts[i])
+        slot.recovery = Recovery(
+            "restarting",
+            actor,
+            actor.ready.remote(),
+            died_at=rec.died_at,
+            attempts=attempts,
+            data_position=rec.data_position,
+            step=rec.step,
+        )
+        slot.override, slot.view["phase"] = "restarting", "starting process"
+
+    @staticmethod
+    def _alive(actor: Any) -> bool:
+        """Whether a learner process answers (waits up to 5 s: only on a failed recovery)."""
+        try:
+            ray.get(actor.ready.remote(), timeout=5)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            return False
+        return True
+
+    def _healthy_peer(self, exclude: int) -> int | None:
+        now = time.monotonic()
+        candidates = [
+            (slot.view.get("step", 0), i)
+            for i, slot in self.slots.items()
+            if i != exclude and self.state_of(i) in HEALTHY_STATES and now - slot.last_seen < 2.0
+        ]
+        return max(candidates)[1] if candidates else None
+
+    def restart_syncer(self, make_syncer: Callable[[], Any]) -> tuple[Any, str]:
+        """The syncer died: start a new one (`make_syncer`) from the checkpoint and journal, and hand it to
+        the live learners, which re-send what it never merged. Returns it, and the line to say."""
+        died = time.time()
+        chaos = self.chaos
+        self.rundir.event("syncer_died")
+        chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
+        syncer = make_syncer()
+        restored = ray.get(syncer.restore.remote(), timeout=300) or {}
+        live = self.live()
+        ray.get([syncer.register.remote(i, h, False) for i, h in live.items()], timeout=60)
+        ray.get(syncer.start.remote(), timeout=60)
+        self.syncer = syncer
+        refs = [h.set_syncer.remote(syncer) for h in live.values()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=30)  # a frozen learner re-sends when it thaws
+        resent = 0
+        for ref in ready:
+            # One that died meanwhile re-sends nothing: the supervisor's next poll finds it dead.
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                resent += ray.get(ref)
+        after = round(time.time() - died, 3)
+        self.forgive_silence()  # the driver was busy here, not the learners silent
+        self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)
+        chaos.outcome(
+            "kill_syncer",
+            None,
+            "restarted",
+            after_s=chaos.since("kill_syncer", None),
+            resent_pushes=resent,
+            versions=restored.get("versions"),
+        )
+        return syncer, f"syncer restarted in {after:.1f} s; learners re-sent {resent} unacknowledged pushes"

@@ -1,6 +1,6 @@
 """What Ctrl-C does to `dlc train`, in-process: interrupt a start, request a stop, interrupt, hold.
 
-The whole flow on the real CLI, with Ctrl-C pressed again and again, is in tests/test_train_e2e.py."""
+The whole flow on the real CLI, with Ctrl-C pressed again and again, is in tests/e2e/test_interrupt_resume.py."""
 
 import gc
 import json

@@ -1,7 +1,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from dlc.config.schema import ModelConfig
+from dlc.config.workload import ModelConfig
 from dlc.core.model import apply_model, build_model, count_params, flatten_params, unflatten_params
 
 CFG = ModelConfig(width=32, num_layers=2, num_heads=4, mlp_ratio=4, context_len=16)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dlc.config.schema import DataConfig
+from dlc.config.workload import DataConfig
 from dlc.core.data import ByteStream, eval_batches, load_corpus, split_corpus, stdlib_files, text_files
 from dlc.errors import UserError
 

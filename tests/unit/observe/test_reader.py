@@ -64,7 +64,7 @@ def test_resumed_run_ignores_the_previous_summary(tmp_path):
 def test_count_params_matches_the_model():
     import jax
 
-    from dlc.config.schema import ModelConfig
+    from dlc.config.workload import ModelConfig
     from dlc.core.model import build_model
     from dlc.core.model import count_params as model_count
 

@@ -1,6 +1,6 @@
 """End to end on the real CLI: a run directory resumes after Ctrl-C, damage is reported.
 
-That tiny trains as the README's quick start says is checked on the calm run of tests/test_engine_e2e.py."""
+That tiny trains as the README's quick start says is checked on the calm run of tests/e2e/test_train_tiny.py."""
 
 import json
 import os
@@ -101,7 +101,7 @@ def test_ctrl_c_pressed_again_and_again_still_ends_cleanly(tmp_path):
         kill_tree(proc)
     assert proc.returncode == 130, stderr[-3000:]
     # Whether a Ctrl-C lands in the clean-up (and is answered "still stopping") depends on how long
-    # it takes: tests/test_engine_driver.py pins that answer.
+    # it takes: tests/unit/engine/test_driver.py pins that answer.
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "resume with: dlc train" in stderr
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from dlc.config.job import ClusterConfig
 from dlc.config.load import load_recipe
-from dlc.config.schema import ClusterConfig
 from dlc.engine.devices import (
     check_resources,
     embedded_env,

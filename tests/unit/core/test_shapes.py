@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from dlc.config.load import load_recipe
-from dlc.config.schema import ModelConfig
+from dlc.config.workload import ModelConfig
 from dlc.core.shapes import param_count, param_shapes, vocab_size
 from tests.helpers import REPO, TINY
 
@@ -27,7 +27,7 @@ def test_the_shapes_are_the_built_models(overrides):
 
 
 def test_the_count_by_hand():
-    # The arithmetic is in tests/test_core_model.py's test_parameter_count_by_hand: width 32, two
+    # The arithmetic is in tests/unit/core/test_model.py's test_parameter_count_by_hand: width 32, two
     # blocks, tied embeddings 33,920; untied adds the 32 x 256 output layer.
     assert vocab_size(CFG) == 256  # bytes
     assert param_count(CFG) == 33_920

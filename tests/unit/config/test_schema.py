@@ -1,13 +1,10 @@
-from pathlib import Path
-
 import pytest
 
 from dlc.config.algorithms import ALGORITHM_NAMES, BANDWIDTH_APPROACHES, SIMULATED_SYSTEMS
 from dlc.config.load import load_recipe, parse_overrides
 from dlc.config.schema import Recipe
 from dlc.errors import UserError
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 
 def test_shipped_recipes_load():

@@ -21,7 +21,7 @@ from tests.helpers import REPO, TINY, assert_user_error, invoke
 # Started the way `dlc train` starts it, then every process of the cluster looked at with psutil.
 EMBEDDED = """
 import json, time, psutil, ray
-from dlc.config.schema import ClusterConfig
+from dlc.config.job import ClusterConfig
 from dlc.engine import cluster
 cluster.start_cluster(ClusterConfig(), 2)
 time.sleep(3)  # the raylet's agents bind a moment after it starts
@@ -146,7 +146,7 @@ def test_spread_placement_options_and_a_lost_nodes_learner(monkeypatch):
 PACKED = """
 import ray
 from dlc.config.load import load_recipe
-from dlc.config.schema import ClusterConfig
+from dlc.config.job import ClusterConfig
 from dlc.engine import cluster, placement
 from dlc.errors import UserError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
     from dlc.algo.decoupled.messages import MergedFragment
-    from dlc.config.schema import ClusterConfig
+    from dlc.config.job import ClusterConfig
     from dlc.core.codec import get_codec
     from dlc.engine.cluster import start_cluster, stop_cluster
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlc.config.schema import DataConfig
+from dlc.config.workload import DataConfig
 from dlc.errors import UserError
 
 # Directories under the standard library that hold tests or third-party packages.

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dlc.config.schema import ModelConfig
+from dlc.config.workload import ModelConfig
 from dlc.core.shapes import mlp_hidden, vocab_size
 
 Params = dict[str, Any]

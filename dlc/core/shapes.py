@@ -3,7 +3,7 @@
 The one place that knows what `dlc.core.model.ByteTransformer` holds, without building it: the
 memory check (`dlc.plan.memory`) sizes a run before anything is allocated, the bandwidth planner
 cuts fragments from these shapes, and `dlc status` counts a recorded run's parameters. None of them
-may import JAX, so nothing here does; `tests/test_core_shapes.py` builds the model and compares.
+may import JAX, so nothing here does; `tests/unit/core/test_shapes.py` builds the model and compares.
 
 A vocabulary that comes from a tokenizer changes `vocab_size` only; another model family adds its
 own shapes function here and `param_shapes` picks it from the recipe.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from dlc.config.schema import ModelConfig
+from dlc.config.workload import ModelConfig
 
 BYTE_VOCAB = 256  # the model reads and predicts raw bytes
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from dlc.config.schema import InnerConfig
+from dlc.config.workload import InnerConfig
 from dlc.core.model import Params, apply_model
 
 Metrics = dict[str, jax.Array]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from dlc.config.schema import ClusterConfig
+from dlc.config.job import ClusterConfig
 from dlc.errors import UserError
 
 CONNECT_TIMEOUT_S = 3.0

@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlc.config.schema import ClusterConfig, Recipe
+from dlc.config.job import ClusterConfig
+from dlc.config.schema import Recipe
 from dlc.core.allocator import ARENA_VAR
 from dlc.errors import UserError
 

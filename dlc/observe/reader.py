@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from dlc.config.schema import ModelConfig
+from dlc.config.workload import ModelConfig
 from dlc.core.shapes import param_count
 from dlc.observe.console import fmt_duration
 from dlc.run.files import (

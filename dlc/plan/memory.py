@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlc.config.schema import ModelConfig, Recipe
+from dlc.config.schema import Recipe
+from dlc.config.workload import ModelConfig
 from dlc.core.fragments import FragmentPlan
 from dlc.core.shapes import mlp_hidden, param_count, param_shapes, vocab_size
 from dlc.errors import UserError

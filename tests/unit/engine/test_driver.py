@@ -7,10 +7,21 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from dlc.engine.interrupts import Interrupts
+
+
+@pytest.fixture(autouse=True)
+def _python_sigint_handler() -> Iterator[None]:
+    """Each test starts from Python's own handler, whatever the session inherited: a pytest started
+    in the background by a shell without job control (`pytest > log &` in a script) starts with
+    SIGINT ignored, and "the handler found is put back" would then put back SIG_IGN."""
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, found)
 
 
 def ctrl_c() -> None:

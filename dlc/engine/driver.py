@@ -2,12 +2,12 @@
 
 The driver never trains. It polls every actor without waiting on any one of them (a frozen
 process never answers), writes what they report to the run directory, asks for evaluations of
-the global model, and decides when the run ends.
+the global model, and decides when the run ends. What it hears from the syncer is kept by
+`syncer_reports`; the learners are watched, restarted and accounted for by the `supervisor`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +18,10 @@ from dlc.core.data import Split
 from dlc.engine.control import start_chaos
 from dlc.engine.evaluations import Evaluations
 from dlc.engine.interrupts import EXIT_INTERRUPTED, Interrupts
+from dlc.engine.syncer_reports import SyncerReports
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
-from dlc.run.files import EVENTS_FILE, GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
+from dlc.run.files import GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json
 from dlc.run.rundir import RunDir
 
 TICK_S = 0.2
@@ -64,20 +65,13 @@ class Driver:
         self.started_monotonic = time.monotonic()
         self.tb: Any = None  # opened with the run directory, once the run has started
         self.prior_wall_s = 0.0
-        self._rejected_by_learner: dict[int, int] = {}
-        self.syncer_view: dict[str, Any] = {}
         self.failure: str | None = None
-        self._syncer_poll: Any = None
+        self.syncer_reports = SyncerReports(rundir, resume)
         from dlc.algo import get_algorithm
 
         self.has_global_model = get_algorithm(recipe.algorithm).global_model
-        self._rounds_logged: set[tuple[int, int]] = set()  # (fragment, version) in events.jsonl
         initial = None  # the run's first eval loss, kept across resumes
         if resume:
-            logged, _ = read_jsonl(rundir.path / EVENTS_FILE)
-            self._rounds_logged = {
-                (e.get("fragment"), e.get("version")) for e in logged if e.get("kind") == "round_closed"
-            }
             # The last status the earlier run wrote: also after a hard stop (a lost driver), which
             # writes no summary; the summary of an earlier, clean end is older than it.
             status = read_json(rundir.path / STATUS_FILE) or {}
@@ -227,7 +221,7 @@ class Driver:
             self.evals.first(self.evaluator, self.syncer.global_params.remote())
         fragments, versions = ray.get(self.syncer.global_fragments.remote()) if self.resume else (None, None)
         if versions is not None:
-            self._rounds_logged = rounds_kept(self._rounds_logged, versions)
+            self.syncer_reports.restored(versions)
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
@@ -284,8 +278,6 @@ class Driver:
                 return
 
     def _finish(self) -> None:
-        import ray
-
         self.supervisor.file_time()
         for i, final in self.supervisor.stop_all(timeout_s=120, absorb=self._absorb_learner):
             if final is None:
@@ -294,67 +286,26 @@ class Driver:
             self._absorb_learner(i, final)
             self.supervisor.slots[i].view = final["snapshot"]
             self.rundir.event("learner_stopped", learner=i, step=final["snapshot"]["step"], reason="run_end")
-        if self._syncer_poll is not None:  # it drained events already: absorb them, or they are lost
-            ref, self._syncer_poll = self._syncer_poll, None
-            with contextlib.suppress(ray.exceptions.RayError):
-                self._absorb_syncer(ray.get(ref, timeout=30))
-        try:
-            self._absorb_syncer(ray.get(self.syncer.finish.remote(), timeout=300))
-        except ray.exceptions.RayError as exc:
-            self.failure = (
-                f"the syncer died while the run was ending ({str(exc).splitlines()[0][:120]}): the learners' "
-                "last pushes may not be merged; the run's checkpoints are kept, resume it to go on"
-            )
-            return
-        if self.has_global_model:
+        finished = self.syncer_reports.finish(self.syncer, self.supervisor)
+        self.failure = self.syncer_reports.failure or self.failure
+        if finished and self.has_global_model:
             self.evals.final(self.syncer.global_params.remote(), self._mean_step(), self._tokens())
 
     # -- polling -----------------------------------------------------------------------------
 
     def _poll_all(self) -> None:
-        import ray
-
         self.supervisor.tick(self._absorb_learner)
-        if self._syncer_poll is None:
-            self._syncer_poll = self.syncer.poll.remote()
-        ready, _ = ray.wait([self._syncer_poll], timeout=0)
-        if ready:
-            ref, self._syncer_poll = self._syncer_poll, None
-            try:
-                self._absorb_syncer(ray.get(ref))
-            except ray.exceptions.RayActorError:
-                self._restart_syncer()
-
-    def _restart_syncer(self) -> None:
-        """Start a new syncer from the checkpoint and journal; learners re-send what it never merged."""
-        self.syncer, said = self.supervisor.restart_syncer(self.processes.syncer)
-        self.view.message(said)
+        if not self.syncer_reports.poll(self.syncer, self.supervisor):
+            # Start a new syncer from the checkpoint and journal; learners re-send what it never merged.
+            self.syncer, said = self.supervisor.restart_syncer(self.processes.syncer)
+            self.view.message(said)
+        self.failure = self.syncer_reports.failure or self.failure
 
     def _absorb_learner(self, index: int, result: dict[str, Any]) -> None:
         for event in result["events"]:
             self.rundir.event(**event)
         for metric in result["metrics"]:
             self._metric(**metric)
-
-    def _absorb_syncer(self, result: dict[str, Any]) -> None:
-        # A restarted syncer reports the rounds of its predecessor's journal again: log each once.
-        events = [e for e in result["events"] if e["kind"] != "round_closed" or self._new_round(e)]
-        for event in events:
-            self.rundir.event(**event)
-            if event["kind"] == "push_rejected":
-                self._rejected_by_learner[event["learner"]] = self._rejected_by_learner.get(event["learner"], 0) + 1
-        self.supervisor.note_syncer_events(events)
-        self.syncer_view = result["status"]
-        self.supervisor.syncer_pid = self.syncer_view.get("pid")
-        if result["error"]:
-            self.failure = f"syncer failed:\n{result['error']}"
-
-    def _new_round(self, event: dict[str, Any]) -> bool:
-        key = (event["fragment"], event["version"])
-        if key in self._rounds_logged:
-            return False
-        self._rounds_logged.add(key)
-        return True
 
     # -- views -------------------------------------------------------------------------------
 
@@ -387,8 +338,8 @@ class Driver:
             tokens=self._tokens(),
             learners=self._rows(),
             goodput=self._goodput_summary(),
-            syncer=self.syncer_view,
-            rejected=self._rejected_by_learner,
+            syncer=self.syncer_reports.status,
+            rejected=self.syncer_reports.rejected,
             eval_initial=self.evals.initial,
             eval_loss=self.evals.loss,
             eval_bpb=self.evals.bpb,
@@ -412,19 +363,6 @@ class Driver:
         # Tokens trained in this run: a restarted learner copies its peer's counter, so sum the
         # learners' own counters only while they were alive (the ledger of tokens is the syncer's).
         return sum(v.get("tokens", 0) for v in self._rows())
-
-
-def rounds_kept(logged: set[tuple[Any, Any]], versions: list[int]) -> set[tuple[int, int]]:
-    """Of the (fragment, version) rounds in events.jsonl, those the restored syncer's state holds.
-
-    Rounds after its versions were lost with what it restored from (a journal moved aside): those
-    versions are made again, and their new rounds must be logged, not taken for repeats.
-    """
-    return {
-        (p, v)
-        for p, v in logged
-        if isinstance(p, int) and isinstance(v, int) and 0 <= p < len(versions) and v <= versions[p]
-    }
 
 
 def _user_error_inside(exc: BaseException) -> BaseException:

@@ -3,15 +3,11 @@
 Each learner is its own Ray actor process with its own JAX runtime. Its training loop runs in
 a thread of the actor, so the actor's methods (deliveries of merged fragments, polls from the
 driver, state copies for a rejoining peer) are served while it trains. The driver only talks to
-actors with timeouts, because a frozen (SIGSTOPped) process never answers.
+actors with timeouts, because a frozen (SIGSTOPped) process never answers. A hot spare (index None)
+starts up, then idles, holding no data, until `take_slot` makes it a learner.
 
-Start-up is in phases the live view shows: the process starts (the supervisor times it), the
-step and the fragment functions are compiled or loaded from the persistent compilation cache (in
-a thread of their own, begun at construction, so a copy from a peer overlaps it), the state is
-copied from a peer, and the loop starts. A hot spare (index None) does all of that but the copy
-and then idles, holding no data, until `take_slot` makes it a learner.
-
-Beside it: its uplink to the syncer (`uplinks`), its checkpoints (`learner_checkpoints`), the copies
+Beside it: its start-up phases (`learner_startup`), its uplink to the syncer (`uplinks`), what it
+queues for the driver's polls (`learner_reports`), its checkpoints (`learner_checkpoints`), the copies
 of its state for and from a peer (`state_copy`), and its measured and chaos-slowed pace (`learner_pace`).
 """
 
@@ -30,12 +26,11 @@ import ray
 from dlc.algo.decoupled.messages import SEQ_STRIDE
 from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap, release_freed_memory
-from dlc.core.backend import BackendError, start_backend
-from dlc.core.compile_cache import CompileLog, compilation_cache_dir, enable_compilation_cache
 from dlc.engine.cluster import node_info
-from dlc.engine.devices import learner_setup
 from dlc.engine.learner_checkpoints import LearnerCheckpoints
 from dlc.engine.learner_pace import Slowdown, Throughput
+from dlc.engine.learner_reports import Reports
+from dlc.engine.learner_startup import Startup
 from dlc.engine.state_copy import StateCopy
 from dlc.engine.uplinks import uplink_for
 from dlc.errors import UserError
@@ -56,7 +51,7 @@ class LearnerWorker:
         requested_at: float | None = None,
     ) -> None:
         constructed = time.time()
-        freeze_heap(collect=False)  # what the imports made; the rest once compiled (`_compile`)
+        freeze_heap(collect=False)  # what the imports made; the rest once compiled (`learner_startup`)
         self.recipe = Recipe.model_validate(recipe_json)
         self.index = index
         self.incarnation = incarnation
@@ -65,33 +60,16 @@ class LearnerWorker:
         self.node = node_info()
         self.storage = RunStorage(storage["location"])
         self.storage_error = self.storage.check(storage["token"], describe(self.node))
-        # JAX's backend starts first: a GPU that fails (no CUDA plugin, out of memory) is reported
-        # by `device_info`, `ready` and `poll` in one line, and nothing else is built.
-        self.device: dict[str, str] = {}
-        self.backend_error: str | None = None
-        platform = learner_setup(self.recipe, index, {}).platform
-        try:
-            self.device = start_backend(
-                platform,
-                cpu_threads=self.recipe.learners.xla_threads(index),
-                keep_memory=self.recipe.learners.keep_freed_memory,
-            )
-        except BackendError as exc:
-            who = "hot spare" if index is None else f"learner {index}"
-            self.backend_error = f"{who} (pid {os.getpid()}): {exc}"
+        # A backend that failed to start is reported by `device_info`, `ready` and `poll` in one line.
+        self.startup = Startup(self.recipe, index, requested_at, constructed)
+        self.device, self.backend_error = self.startup.device, self.startup.backend_error
+        if self.backend_error:
             self.state, self.error = "failed", self.backend_error
             return
-        if self.recipe.run.compile_cache:
-            enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
-        self.compiles = CompileLog(cached=self.recipe.run.compile_cache)
         from dlc.algo import get_algorithm
         from dlc.core.learner import Learner
         from dlc.net.transport import Transport
 
-        # Seconds of each start-up phase; "process_s" runs from the request to start this process.
-        self.startup: dict[str, Any] = {}
-        if requested_at is not None:
-            self.startup["process_s"] = round(constructed - requested_at, 3)
         self.syncer = syncer
         # syncer.channel=direct: messages to and from the syncer go on one socket (`dlc.net.channel`),
         # connected when the loop starts; ray: they are calls of the syncer's and this actor's methods.
@@ -110,13 +88,8 @@ class LearnerWorker:
         self.sync.seq = incarnation * SEQ_STRIDE
         self.sync.incarnation = incarnation
         self.checkpointer = None if index is None or self.storage_error else self._checkpointer(index)
-        self.lock = threading.Lock()
-        self.events: list[dict[str, Any]] = []
-        self.metrics: list[dict[str, Any]] = []
+        self.reports = Reports(self.recipe.run.log_every_steps)
         self.state = "starting" if index is not None else "spare"
-        self._compiled = threading.Event()
-        self.loss: float | None = None
-        self.rate = 0.0
         self.steady = 0.0
         self.error: str | None = None
         self._stop = threading.Event()
@@ -127,8 +100,7 @@ class LearnerWorker:
         self.slowdown = Slowdown()
         self._thread: threading.Thread | None = None
         self._heart: threading.Thread | None = None
-        self._compiler = threading.Thread(target=self._compile, name="compile", daemon=True)
-        self._compiler.start()
+        self.startup.compile(self.sync, self._fail)
 
     def _checkpointer(self, index: int) -> LearnerCheckpoints:
         if self.storage_error:
@@ -139,22 +111,10 @@ class LearnerWorker:
         """Its node, and why it cannot use the run's storage (None when it can)."""
         return {**self.node, "storage_error": self.storage_error}
 
-    def _compile(self) -> None:
-        """Compile (or load from the cache) every function the loop runs, before it runs."""
-        started, log = time.monotonic(), self.compiles
-        before = (sum(log.compiled.values()), log.cache_hits)
-        try:
-            self.sync.compile()
-        except Exception:
-            self.error = traceback.format_exc()
-            self.state = "failed"
-            return
-        compiled, hits = sum(log.compiled.values()) - before[0], log.cache_hits - before[1]
-        self.startup["compile_s"] = round(time.monotonic() - started, 3)
-        self.startup["compiled_from"] = "cache" if compiled and hits == compiled else "xla" if not hits else "both"
-        release_freed_memory()  # what compiling left free, which a process keeping freed memory would hold
-        freeze_heap()  # start-up's objects live as long as the process: full collections skip them
-        self._compiled.set()
+    def _fail(self, error: str) -> None:
+        """The loop or the compile thread failed: the driver's next poll fails the run with `error`."""
+        self.error = error
+        self.state = "failed"
 
     def current_phase(self) -> str | None:
         """What it is doing while it starts (compiling, loading compiled step, copying state, ready
@@ -163,8 +123,8 @@ class LearnerWorker:
             return None
         if self.copies.copying:
             return "copying state"
-        if not self._compiled.is_set():
-            return "compiling" if self.compiles.compiling else "loading compiled step"
+        if not self.startup.compiled.is_set():
+            return self.startup.phase()
         return "ready" if self.index is None else "starting"
 
     def device_info(self) -> dict[str, str]:
@@ -184,7 +144,7 @@ class LearnerWorker:
         self.sync.incarnation = incarnation
         self.checkpointer = self._checkpointer(index)
         self.state = "starting"
-        self.startup = {"spare": True, **self.startup}
+        self.startup.became_spare_learner()
         return os.getpid()
 
     def restore(self, next_seq: int = 0) -> dict[str, Any]:
@@ -239,7 +199,7 @@ class LearnerWorker:
         recipe, learner = self.recipe, self.learner
         max_steps = recipe.run.max_steps
         meter = Throughput()
-        self._compiler.join()
+        self.startup.join()
         if self.error:
             return
         try:
@@ -265,47 +225,25 @@ class LearnerWorker:
                             "learner": self.index,
                             "incarnation": self.incarnation,
                             "device": self.device["device"],
-                            **self.startup,
+                            **self.startup.seconds,
                         }
                     )
                 meter.measure(now, learner.tokens)
                 self.steady = meter.steady
-                with self.lock:
-                    self.events.extend(events)
-                    self.rate = meter.rate
-                self._log_records()
+                self.reports.step(events, meter.rate)
+                self.reports.log(self.index, learner.take_records)
             learner.flush()
-            self._log_records()
+            self.reports.log(self.index, learner.take_records)
             self.state = "finished"
         except Exception:  # reported to the driver, which fails the run with this text
-            self.error = traceback.format_exc()
-            self.state = "failed"
-
-    def _log_records(self) -> None:
-        every = self.recipe.run.log_every_steps
-        with self.lock:
-            for record in self.learner.take_records():
-                self.loss = record.loss
-                if record.step % every == 0:
-                    self.metrics.append(
-                        {
-                            "kind": "train",
-                            "learner": self.index,
-                            "step": record.step,
-                            "tokens": record.tokens,
-                            "loss": record.loss,
-                            "grad_norm": record.grad_norm,
-                            "tokens_per_s": round(self.rate, 1),
-                        }
-                    )
+            self._fail(traceback.format_exc())
 
     def poll(self) -> dict[str, Any]:
         if self.backend_error:
             snapshot = {"id": self.index, "state": "failed", "phase": None, "startup": {}, "pid": os.getpid()}
             return {"snapshot": snapshot, "events": [], "metrics": [], "error": self.backend_error}
-        with self.lock:
-            events, self.events = self.events, []
-            metrics, self.metrics = self.metrics, []
+        with self.reports.lock:
+            events, metrics = self.reports.take()
             return {"snapshot": self.snapshot(), "events": events, "metrics": metrics, "error": self.error}
 
     def snapshot(self) -> dict[str, Any]:
@@ -314,12 +252,12 @@ class LearnerWorker:
             "state": self.state,
             "step": self.learner.step,
             "tokens": self.learner.tokens - self.copies.base_tokens,
-            "tokens_per_s": round(self.rate, 1),
+            "tokens_per_s": round(self.reports.rate, 1),
             "steady_tokens_per_s": round(self.steady, 1),
-            "loss": self.loss,
+            "loss": self.reports.loss,
             "data_position": self.learner.position,
             "phase": self.current_phase(),
-            "startup": dict(self.startup),
+            "startup": dict(self.startup.seconds),
             "tokens_per_step": self.learner.tokens_per_step,
             "unpushed_steps": self.sync.unpushed_steps(),
             "pushes": self.sync.pushes,
@@ -384,7 +322,7 @@ class LearnerWorker:
     def import_state(self, state: dict[str, Any], data_position: int) -> dict[str, Any]:
         """Become a copy of a peer (before `start`), at `data_position` of this learner's own stream."""
         where = self.copies.take_peer(state, data_position)
-        self.startup["copy_s"] = where["copy_s"]
+        self.startup.seconds["copy_s"] = where["copy_s"]
         return where
 
     def import_global(
@@ -423,9 +361,7 @@ class LearnerWorker:
             # concurrency group, so when it returns the syncer holds every push: the driver's
             # finish() cannot overtake them.
             self.link.barrier(timeout_s=120)
-            with self.lock:
-                self.events.extend(pushed)
-                self.events.append({"kind": "final_push", "learner": self.index, "fragments": len(pushed)})
+            self.reports.add([*pushed, {"kind": "final_push", "learner": self.index, "fragments": len(pushed)}])
             self.save()
             self.state = "stopped"
         return self.poll()

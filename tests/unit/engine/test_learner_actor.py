@@ -37,7 +37,7 @@ def _compiled_within_the_test(monkeypatch):
     monkeypatch.setattr(LearnerWorker, "__init__", tracked)
     yield
     for worker in made:
-        worker._compiler.join(timeout=300)
+        worker.startup.join(timeout=300)
 
 
 def test_a_compiled_learner_leaves_what_its_start_up_made_out_of_full_collections(tmp_path):
@@ -45,8 +45,8 @@ def test_a_compiled_learner_leaves_what_its_start_up_made_out_of_full_collection
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
     upstream = SimpleNamespace(push=Direct(lambda push: None))
     worker = LearnerWorker(recipe_json, 0, stream, marked_storage(tmp_path), upstream)
-    worker._compiler.join(timeout=300)
-    assert worker.error is None and worker._compiled.is_set()
+    worker.startup.join(timeout=300)
+    assert worker.error is None and worker.startup.compiled.is_set()
     # Built after the imports were frozen; frozen too once compiled: no collection walks it again.
     assert not any(o is worker.learner for o in gc.get_objects())
     assert gc.get_freeze_count() > 0

@@ -193,7 +193,7 @@ def test_a_push_refused_as_the_syncer_dies_stays_refused(tmp_path):
 
 
 def test_a_resume_from_an_older_state_logs_the_rounds_it_makes_again():
-    from dlc.engine.driver import rounds_kept
+    from dlc.engine.syncer_reports import rounds_kept
 
     # events.jsonl holds fragment 0 up to version 5 and fragment 1 up to 2; the syncer restored
     # from a checkpoint at versions [3, 2] (its journal moved aside): 0's versions 4 and 5 come again.

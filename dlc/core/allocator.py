@@ -3,7 +3,8 @@
 A learner steps the same compiled function thousands of times and holds the same objects for its
 whole life. By default glibc hands each step's large temporaries back to the kernel and faults them
 in again the next step, and Python's collector keeps walking objects that never die; both cost a
-tiny learner a large share of its CPU (`bench/RESULTS.md`). The switches here keep the one and
+tiny learner a large share of its CPU (with freed memory kept, one trains 1.45x as fast on a
+2-core VM). The switches here keep the one and
 leave the other alone. glibc only (Linux); elsewhere nothing changes.
 """
 
@@ -30,7 +31,7 @@ def keep_freed_memory() -> bool:
     XLA on CPU allocates each step's temporaries as one block of tens of megabytes. glibc's
     malloc serves a block that large with a fresh mapping and unmaps it when it is freed, so
     every step faults in, page by page, zeroed memory it used the step before: about 10,000 page
-    faults and a third of a tiny learner's step (`bench/RESULTS.md`). With mappings off and the
+    faults and a third of a tiny learner's step, measured on a 2-core VM. With mappings off and the
     heap never trimmed, the block stays in the heap and the next step reuses it. What the process
     frees it keeps until `release_freed_memory` hands it back. glibc only (Linux); elsewhere
     nothing changes.
@@ -40,7 +41,7 @@ def keep_freed_memory() -> bool:
     mapped for it, which glibc unmaps when the block is freed, whatever the settings here. That is
     XLA's thread in a learner, whose arena also holds what the learner's other threads allocate:
     its temporaries' block faulted in afresh at every step still, hundreds of pages a step more
-    with the protocol's threads than without (`bench/RESULTS.md`). A process started with
+    with the protocol's threads than without, measured on a 2-core VM. A process started with
     MALLOC_ARENA_MAX=1 (`ARENA_VAR`) has one arena, the main heap, for every thread.
     """
     mallopt = _glibc("mallopt")
@@ -59,7 +60,7 @@ def release_freed_memory() -> bool:
     For a process that keeps freed memory (`keep_freed_memory`), after work that leaves much of it
     free: compiling leaves over a hundred megabytes, which the process would otherwise hold until
     it exits (a tiny learner on one core then trains in 380 MiB, against 502 for one that does not
-    keep freed memory; `bench/RESULTS.md`). True if it ran; in a process that does not keep freed
+    keep freed memory, on a 2-core VM). True if it ran; in a process that does not keep freed
     memory it does nothing, as its allocator hands memory back by itself.
     """
     malloc_trim = _glibc("malloc_trim") if _keeping else None
@@ -76,7 +77,7 @@ def freeze_heap(collect: bool = True) -> None:
     compiled step), nearly all of them for its whole life. A full collection walks every one of
     them with the GIL held: 130 ms of CPU on a shared core, during which each thread of the process
     stands still. In a tiny run one came in each learner's first checkpoint, which then took twice
-    as long as the same checkpoint under `algorithm=none` (`bench/RESULTS.md`). Frozen objects are
+    as long as the same checkpoint under `algorithm=none`, measured on a 2-core VM. Frozen objects are
     never walked again: one that dies is still freed by its reference count, but a cycle of them
     never is, so freeze only what lives as long as the process. `collect` frees what is garbage
     first, so that no dead cycle (one holding device buffers, say) is kept for the life of the

@@ -19,7 +19,7 @@ so no function compiles again whatever fragment it gets. Two layouts:
   pieces. Fragments whose pieces have the same shapes (the tiny recipe's 24 fall into 9 such
   groups) share one compiled pair. A call passes a few arrays and touches a 24th of the model; on
   one core that takes the two functions from 1.5 ms of CPU a step to nothing measurable
-  (`bench/RESULTS.md`, session 19), for about a second more of compiling a learner without a cache.
+  (measured on a 2-core VM), for about a second more of compiling a learner without a cache.
 - `concat` (on GPU): one pair for every fragment, taking every leaf; an index vector into the
   concatenation of every parameter. The copies are a few fused kernels there; `pieces` has not
   been measured on a GPU.
@@ -285,7 +285,7 @@ class FragmentOps:
         On a GPU it goes to the device now, from the thread that calls this (`device_put` returns
         before it lands). On CPU the device's memory is the host's: the padded vector itself is
         passed, and the functions' call copies it in, in C++, for a few microseconds, where
-        `device_put` costs tens of microseconds of Python (`bench/RESULTS.md`).
+        `device_put` costs tens of microseconds of Python (measured on a 2-core VM).
         """
         padded = self.pad(p, vector)
         return padded if self.on_host else self.put(padded)

@@ -36,7 +36,7 @@ def cpus_seen(count: int | None) -> Iterator[None]:
     XLA sizes its CPU thread pools by the CPUs a process may run on when its client starts; the
     flags that used to limit them no longer do. Without this a learner on a 2-core machine runs
     its step on two threads, which buys nothing when four learners share the cores and costs an
-    eighth more CPU per step (`bench/RESULTS.md`). Linux only; elsewhere XLA keeps its default.
+    eighth more CPU per step, measured on a 2-core VM. Linux only; elsewhere XLA keeps its default.
     """
     if count is None or not hasattr(os, "sched_setaffinity"):
         yield

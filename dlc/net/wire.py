@@ -4,7 +4,7 @@ rest pickled.
 A push, a merged fragment and a request cross a channel every learner step. Pickling one walks its
 dataclasses and rebuilds each NumPy array through Python-level reduce functions: 90 us to pickle a
 push and 62 to unpickle it when the code runs cold, as it does between two training steps, against
-24 and 29 for a struct header followed by the arrays' raw bytes (`bench/RESULTS.md`, session 18). A
+24 and 29 for a struct header followed by the arrays' raw bytes, measured on a 2-core VM. A
 kind of message registered here (`register`) travels in such a layout: a tag byte, the kind's own
 encoding, and its arrays read back with `np.frombuffer` as views of the received bytes. Anything
 else, and a registered message whose arrays are not the plain 1-D little-endian ones its layout

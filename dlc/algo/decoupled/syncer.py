@@ -42,7 +42,8 @@ IDLE_TICK_S = 0.1
 
 # A round due within this share of the rounds' spacing when another closes opens with the close.
 # A request that arrives early makes a learner push that fragment at most a step sooner; one that
-# arrives on its own costs every learner a wake-up of its receiving thread (`bench/RESULTS.md`).
+# arrives on its own costs every learner a wake-up of its receiving thread: requests that follow the
+# merged fragment on its connection took 0.15-0.2 ms of CPU a step off each learner on a 2-core VM.
 EARLY_OPEN = 0.5
 
 

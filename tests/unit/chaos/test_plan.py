@@ -45,7 +45,8 @@ def _invalid(data: dict[str, Any], **kw: Any) -> str:
     return str(info.value)
 
 
-def _tl(**entry: Any) -> dict[str, Any]:
+def timeline_of(**entry: Any) -> dict[str, Any]:
+    """A plan whose timeline holds the one entry."""
     return {"timeline": [entry]}
 
 
@@ -55,26 +56,38 @@ def _tl(**entry: Any) -> dict[str, Any]:
         ({"kill_rate": 1}, "unknown key kill_rate: did you mean kill_per_learner_per_min?"),
         ({"warmup_sec": 1}, "unknown key warmup_sec: did you mean warmup_s?"),
         ({"kill_per_learner_per_min": float("inf")}, "kill_per_learner_per_min=inf: Input should be a finite number"),
-        (_tl(at_s=1, fault="kill", lerner=0), "unknown key timeline[0].lerner: did you mean learner?"),
-        (_tl(at_s=1, fault="kil", learner=0), "timeline[0].fault: 'kil' is not a fault kind: did you mean kill?"),
-        (_tl(at_s=1, fault="kill"), "timeline[0]: kill needs a learner: add learner: N"),
-        (_tl(at_s=1, fault="join", learner=1), "join adds a new learner and takes no learner: remove learner: 1"),
-        (_tl(at_s=1, fault="kill_syncer", learner=0), "kill_syncer acts on the syncer"),
-        (_tl(at_s=1, fault="stall", learner=0, until_end=True), "a stall cannot last until_end"),
-        (_tl(at_s=1, fault="kill", learner=0, duration_s=3), "kill is instantaneous and takes no duration_s"),
-        (_tl(at_s=1, fault="stall", learner=0, factor=2), "factor is for slow or degrade_link, not stall"),
-        (_tl(at_s=1, fault="cut_link", learner=0, factor=2), "factor is for slow or degrade_link, not cut_link"),
-        (_tl(at_s=1, fault="degrade_link"), "timeline[0]: degrade_link needs a learner: add learner: N"),
-        (_tl(at_s=1, fault="cut_lnk", learner=0), "'cut_lnk' is not a fault kind: did you mean cut_link?"),
-        (_tl(at_s=1, fault="degrade_link", learner=0, factor=0.5), "timeline[0].factor=0.5: Input should be greater"),
-        (_tl(at_s=1, fault="cut_link", learner=0, until_end=True), "a cut_link cannot last until_end"),
-        (_tl(at_s=1, fault="degrade_link", learner=0, until_end=True), "set learners.bandwidth_mbps"),
+        (timeline_of(at_s=1, fault="kill", lerner=0), "unknown key timeline[0].lerner: did you mean learner?"),
+        (
+            timeline_of(at_s=1, fault="kil", learner=0),
+            "timeline[0].fault: 'kil' is not a fault kind: did you mean kill?",
+        ),
+        (timeline_of(at_s=1, fault="kill"), "timeline[0]: kill needs a learner: add learner: N"),
+        (
+            timeline_of(at_s=1, fault="join", learner=1),
+            "join adds a new learner and takes no learner: remove learner: 1",
+        ),
+        (timeline_of(at_s=1, fault="kill_syncer", learner=0), "kill_syncer acts on the syncer"),
+        (timeline_of(at_s=1, fault="stall", learner=0, until_end=True), "a stall cannot last until_end"),
+        (timeline_of(at_s=1, fault="kill", learner=0, duration_s=3), "kill is instantaneous and takes no duration_s"),
+        (timeline_of(at_s=1, fault="stall", learner=0, factor=2), "factor is for slow or degrade_link, not stall"),
+        (
+            timeline_of(at_s=1, fault="cut_link", learner=0, factor=2),
+            "factor is for slow or degrade_link, not cut_link",
+        ),
+        (timeline_of(at_s=1, fault="degrade_link"), "timeline[0]: degrade_link needs a learner: add learner: N"),
+        (timeline_of(at_s=1, fault="cut_lnk", learner=0), "'cut_lnk' is not a fault kind: did you mean cut_link?"),
+        (
+            timeline_of(at_s=1, fault="degrade_link", learner=0, factor=0.5),
+            "timeline[0].factor=0.5: Input should be greater",
+        ),
+        (timeline_of(at_s=1, fault="cut_link", learner=0, until_end=True), "a cut_link cannot last until_end"),
+        (timeline_of(at_s=1, fault="degrade_link", learner=0, until_end=True), "set learners.bandwidth_mbps"),
         ({"degrade_link_factor": 1}, "degrade_link_factor=1: Input should be greater than 1"),
         ({"cut_link_for_s": 0}, "cut_link_for_s=0: Input should be greater than 0"),
         ({"link_factor": 4}, "unknown key link_factor: did you mean degrade_link_factor?"),
         ({"cut_link_rate": 1}, "unknown key cut_link_rate: did you mean cut_link_per_learner_per_min?"),
         ({"timeline": ["kill learner 2"]}, "timeline[0]='kill learner 2' is not a mapping: write it as {at_s: 30"),
-        ({"duration_s": 60, **_tl(at_s=90, fault="join")}, "timeline[0].at_s=90 is after duration_s=60"),
+        ({"duration_s": 60, **timeline_of(at_s=90, fault="join")}, "timeline[0].at_s=90 is after duration_s=60"),
         ({"slow_factor": 0.5}, "slow_factor=0.5: Input should be greater than 1"),
         ({"max_concurrent": 0}, "max_concurrent=0: Input should be greater than or equal to 1"),
     ],

@@ -28,7 +28,7 @@ import pytest
 import typer
 
 from dlc.cli.app import app
-from dlc.cli.reference import generators, page_with
+from dlc.cli.reference import generators, page_with, undocumented_modules
 from tests.fixtures_runs import finished_run
 from tests.helpers import REPO, run_cli
 
@@ -37,6 +37,7 @@ DOCS = REPO / "docs"
 REGENERATE = "python -m dlc.cli.reference"
 RUN_MARK = "<!-- test: run -->"
 FIXTURE_RUN = "runs/tiny-20261121-101212"
+GENERATED = ["reference/recipe.md", "reference/chaos-plans.md", "reference/cli.md", "internals/modules.md"]
 
 # A fenced shell block, with the marker line above it when there is one.
 BLOCK = re.compile(r"^(?P<mark>[^\n]*)\n```(?:bash|console)\n(?P<body>.*?)^```", re.MULTILINE | re.DOTALL)
@@ -75,10 +76,20 @@ def test_readme_starts_with_the_two_commands():
     assert block[1] in ci
 
 
-@pytest.mark.parametrize("name", ["recipe.md", "chaos-plans.md", "cli.md"])
-def test_reference_page_is_current(name: str):
-    page = (DOCS / "reference" / name).read_text()
-    assert page == page_with(page, generators()[name]()), f"docs/reference/{name} drifted: run {REGENERATE}"
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_page_is_current(name: str):
+    page = (DOCS / name).read_text()
+    assert page == page_with(page, generators()[name]()), f"docs/{name} drifted: run {REGENERATE}"
+
+
+def test_every_generated_page_is_checked():
+    assert sorted(generators()) == sorted(GENERATED)
+
+
+def test_every_module_opens_its_docstring_with_its_concern():
+    # the module index shows this line; a docstring whose first sentence runs on to a second line
+    # would show cut short
+    assert undocumented_modules() == [], "give each a docstring whose first line alone says its concern"
 
 
 def test_readme_links_resolve():

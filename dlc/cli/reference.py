@@ -1,14 +1,16 @@
-"""The manual's generated reference pages: the command line, walked from the Typer app, and the
-writer that keeps every generated page (recipe, chaos plans, command line) current.
+"""The manual's generated pages: the command line, the module index, and the writer that keeps them current.
 
-    python -m dlc.cli.reference            # rewrite the generated part of docs/reference/*.md
+    python -m dlc.cli.reference            # rewrite the generated part of every generated page
 
 A page is prose a person wrote, then MARKER, then the generated text; the writer replaces only what
-follows the marker, and tests/test_docs.py fails when a page differs from what it would write.
+follows the marker, and tests/test_docs.py fails when a page differs from what it would write. The
+module index reads each module's docstring as text, importing nothing: its first line, a line of its
+own, says the module's one concern.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +19,9 @@ import typer
 from typer.core import TyperArgument, TyperOption
 
 MARKER = "<!-- Generated from the code below this line; regenerate with: python -m dlc.cli.reference -->"
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+INDEXED = ("chaos", "dlc")  # the packages whose modules the module index lists
 
 
 def _cell(text: str) -> str:
@@ -78,12 +82,54 @@ def cli_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def purpose(path: Path) -> str | None:
+    """The first line of a module's docstring, or None when it has none or its first sentence runs on."""
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        return None
+    first, *rest = doc.splitlines()
+    return None if rest and rest[0].strip() else first.strip()
+
+
+def _modules(repo: Path) -> list[Path]:
+    return sorted(path for package in INDEXED for path in (repo / package).rglob("*.py"))
+
+
+def undocumented_modules(repo: Path = REPO) -> list[str]:
+    """The modules whose docstring does not open with one line of its own saying what they are."""
+    return [str(path.relative_to(repo)) for path in _modules(repo) if purpose(path) is None]
+
+
+def modules_markdown(repo: Path = REPO) -> str:
+    """Every module of dlc/ and chaos/ with the first line of its docstring, a table per package."""
+    missing = undocumented_modules(repo)
+    if missing:
+        raise ValueError(f"open these modules' docstrings with one line saying their concern: {', '.join(missing)}")
+    packages: dict[Path, list[Path]] = {}
+    for path in _modules(repo):
+        packages.setdefault(path.parent.relative_to(repo), []).append(path)
+    lines = []
+    for package in sorted(packages, key=lambda p: p.parts):  # a package just before its subpackages
+        lines += [f"## `{package.as_posix()}/`", "", _cell(purpose(repo / package / "__init__.py") or ""), ""]
+        modules = [path for path in packages[package] if path.name != "__init__.py"]
+        if modules:
+            lines += ["| module | concern |", "|---|---|"]
+            lines += [f"| `{path.name}` | {_cell(purpose(path) or '')} |" for path in modules]
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def generators() -> dict[str, Callable[[], str]]:
-    """Each generated page's file name under docs/reference/, and the function that writes its text."""
+    """Each generated page's path under docs/, and the function that writes its text."""
     from chaos.plan import reference_markdown as plan_reference
     from dlc.config.reference import reference_markdown as recipe_reference
 
-    return {"recipe.md": recipe_reference, "chaos-plans.md": plan_reference, "cli.md": cli_markdown}
+    return {
+        "reference/recipe.md": recipe_reference,
+        "reference/chaos-plans.md": plan_reference,
+        "reference/cli.md": cli_markdown,
+        "internals/modules.md": modules_markdown,
+    }
 
 
 def page_with(page: str, generated: str) -> str:
@@ -93,11 +139,11 @@ def page_with(page: str, generated: str) -> str:
     return f"{page.split(MARKER, 1)[0]}{MARKER}\n\n{generated.strip()}\n"
 
 
-def write_pages(reference_dir: Path = DOCS / "reference") -> list[Path]:
-    """Rewrite the generated part of every reference page; returns the pages that changed."""
+def write_pages(docs: Path = DOCS) -> list[Path]:
+    """Rewrite the generated part of every generated page under `docs`; returns the pages that changed."""
     changed = []
     for name, generate in generators().items():
-        path = reference_dir / name
+        path = docs / name
         old = path.read_text()
         new = page_with(old, generate())
         if new != old:
@@ -107,6 +153,6 @@ def write_pages(reference_dir: Path = DOCS / "reference") -> list[Path]:
 
 
 if __name__ == "__main__":
-    where = Path(sys.argv[1]) if len(sys.argv) > 1 else DOCS / "reference"
+    where = Path(sys.argv[1]) if len(sys.argv) > 1 else DOCS
     for page in write_pages(where):
         print(f"rewrote {page}")

@@ -1,5 +1,8 @@
-"""The job around the training: its name, directory and stop condition, where its processes run,
-checkpoints and held-out evaluation."""
+"""The job around the training: its name, directory and stop, its cluster, checkpoints and evaluation.
+
+Where its processes run (`cluster`), how often it checkpoints, and how it evaluates on the
+held-out split.
+"""
 
 from __future__ import annotations
 

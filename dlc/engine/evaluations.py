@@ -1,5 +1,6 @@
-"""Evaluations of the global model during a run: the one it starts from, one every
-`eval.every_steps` mean learner steps, and the final one.
+"""Evaluations of the global model during a run: the one it starts from, periodic ones, the final one.
+
+A periodic one comes every `eval.every_steps` mean learner steps.
 
 The periodic ones run off the critical path: the driver starts one and picks its result up on a
 later tick, never waiting for it.

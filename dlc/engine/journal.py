@@ -1,6 +1,7 @@
-"""The syncer's journal: every round closed since the last checkpoint, appended as it closes,
-and every push refused for good, appended as it is refused (its learner re-sends it to a restarted
-syncer, which must not judge it again).
+"""The syncer's journal: the rounds it closed and the pushes it refused for good since its checkpoint.
+
+Each is appended as it happens. A refused push is kept because its learner re-sends it to a
+restarted syncer, which must not judge it again.
 
 A killed process loses nothing it has written (the page cache outlives it), so the last
 checkpoint plus the journal is the syncer's state at the moment of death. Each journal after a

@@ -1,5 +1,7 @@
-"""Bringing a dead process back. A learner: a new process (or a hot spare), a copy of a peer's state,
-a rejoin. The syncer: a new process from its checkpoint and journal, to which learners re-send.
+"""Bringing a dead process back: a learner from a peer's state, the syncer from its checkpoint and journal.
+
+A learner: a new process (or a hot spare), a copy of a peer's state, a rejoin. The syncer: a new
+process from its checkpoint and journal, to which learners re-send.
 
 Ray notices a killed process (the actor's next call fails). The dead learner is replaced by a new
 actor of the same index, or by a ready hot spare (`dlc.engine.spares`), which copies parameters,

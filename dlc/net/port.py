@@ -1,5 +1,7 @@
-"""The syncer's end of one learner's direct channel: its messages down, in order, never waiting
-on the thread that sends them (`dlc.net.channel.Hub` opens one port per member)."""
+"""The syncer's end of one learner's direct channel: its messages down, in order, the sender never waiting.
+
+`dlc.net.channel.Hub` opens one port per member.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The bytes of a message on the direct channel: the messages of every step in a fixed layout, the
-rest pickled.
+"""The bytes of a message on the direct channel: every step's messages in a fixed layout, the rest pickled.
 
 A push, a merged fragment and a request cross a channel every learner step. Pickling one walks its
 dataclasses and rebuilds each NumPy array through Python-level reduce functions: 90 us to pickle a

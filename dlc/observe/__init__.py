@@ -1,0 +1,1 @@
+"""What a user sees of a run: snapshots, goodput, the live console, TensorBoard, status, reports."""

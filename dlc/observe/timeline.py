@@ -1,5 +1,6 @@
-"""How a run went over time, from its records: goodput over a sliding window, and each learner's
-states (training, stalled, dead, restarting, rejoining, ...) as intervals.
+"""How a run went over time, from its records: goodput over a sliding window, each learner's states.
+
+A learner's states (training, stalled, dead, restarting, rejoining, ...) are intervals of time.
 
 The driver logs the goodput ledger's running totals (productive and allocated seconds) every
 status interval, so goodput over any window is a ratio of two differences: a fault shows as a dip

@@ -1,0 +1,1 @@
+"""Decoupled DiLoCo: learners that never wait, and a syncer that merges their fragments in rounds."""

@@ -1,5 +1,4 @@
-"""The syncer's clock: a global step that advances at the healthy learners' pace, and the
-fragment rounds it opens.
+"""The syncer's clock: a global step at the healthy learners' pace, and the fragment rounds it opens.
 
 Learners report their step with every heartbeat. Each learner's rate (steps per second) is
 measured over a few recent reports; the global step advances at the median rate of the learners

@@ -1,6 +1,6 @@
 """Plain helpers and constants shared by several test modules: the real CLI in a subprocess and
-in-process, end-to-end run control, a fake clock, the dashboard's learner table, and the chaos
-tests' fakes (a sleeping clock, a target that records calls, plans without guardrails).
+in-process, end-to-end run control, the dashboard's learner table, and the chaos tests' plans
+without guardrails (the fakes they run on are in tests/fakes.py).
 
 Test modules import these from here, never from one another or from conftest. Nothing here may
 import JAX or Ray at import time: conftest imports this module before any test limits XLA's threads.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -24,8 +23,8 @@ from unittest import mock
 
 from chaos.controller import Controller
 from chaos.plan import Plan, plan_from_dict
-from chaos.target import LearnerInfo, TargetError
 from dlc.config.schema import Recipe
+from tests.fakes import FakeTarget, SleepingClock
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -136,19 +135,6 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen[str], timeout
     raise TimeoutError(f"run did not reach step {step}")
 
 
-# -- fakes -----------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """Seconds that move only when a test sets `now`; starts at 0."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # -- the dashboard's learner table -----------------------------------------------------------------
 
 
@@ -164,80 +150,6 @@ def cells(text: str, learner: int) -> dict[str, str]:
 
 
 # -- chaos: a fake target, plans without guardrails, a run directory's status ------------
-
-
-class SleepingClock(FakeClock):
-    """A FakeClock with `sleep`: time moves only when the controller sleeps."""
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds > 0, "the controller must never spin without sleeping"
-        self.now += seconds
-        assert self.now < 10_000, "the controller did not stop"
-
-
-class FakeTarget:
-    """A run of learners whose states follow a script of (at_s, learner, state); records every call."""
-
-    def __init__(self, clock: SleepingClock, learners: int = 4, quorum: int = 1) -> None:
-        self.clock = clock
-        self.states = {i: "training" for i in range(learners)}
-        self.script: list[tuple[float, int, str]] = []
-        self.pids = {i: 1000 + i for i in range(learners)}
-        self.nodes: dict[int, str | None] = {i: None for i in range(learners)}  # Ray node ids, when a test sets them
-        self.pid_script: list[tuple[float, int, int]] = []  # (at_s, learner, its new process id)
-        self.quorum_value = quorum
-        self.running_until = math.inf
-        self.calls: list[tuple[Any, ...]] = []
-        self.records: list[dict[str, Any]] = []
-        self.fail_kill = False
-
-    def learners(self) -> list[LearnerInfo]:
-        for at, learner, state in self.script:
-            if at <= self.clock.now:
-                self.states[learner] = state
-        self.script = [s for s in self.script if s[0] > self.clock.now]
-        for at, learner, pid in self.pid_script:
-            if at <= self.clock.now:
-                self.pids[learner] = pid
-        return [LearnerInfo(i, self.pids[i], s, self.nodes.get(i)) for i, s in sorted(self.states.items())]
-
-    def quorum(self) -> int:
-        return self.quorum_value
-
-    def running(self) -> bool:
-        return self.clock.now < self.running_until
-
-    def kill(self, learner: int) -> None:
-        if self.fail_kill:
-            raise TargetError(f"process {1000 + learner} is gone")
-        self.calls.append(("kill", learner))
-
-    def stall(self, learner: int, seconds: float) -> None:
-        self.calls.append(("stall", learner, seconds))
-
-    def slow(self, learner: int, factor: float, seconds: float | None) -> None:
-        self.calls.append(("slow", learner, factor, seconds))
-
-    def join(self, seconds: float | None = None) -> None:
-        self.calls.append(("join", seconds))
-
-    def leave(self, learner: int) -> None:
-        self.calls.append(("leave", learner))
-
-    def kill_syncer(self) -> None:
-        self.calls.append(("kill_syncer",))
-
-    def kill_node(self, learner: int) -> None:
-        self.calls.append(("kill_node", learner))
-
-    def degrade_link(self, learner: int, factor: float, seconds: float) -> None:
-        self.calls.append(("degrade_link", learner, factor, seconds))
-
-    def cut_link(self, learner: int, seconds: float) -> None:
-        self.calls.append(("cut_link", learner, seconds))
-
-    def record(self, entry: dict[str, Any]) -> None:
-        self.records.append(entry)
 
 
 def bare_plan(**fields: Any) -> Plan:

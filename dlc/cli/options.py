@@ -99,6 +99,8 @@ def takes_settings(
 
 def _option(model: type[BaseModel], field: str, name: str, short: str | None, shown: str | None) -> inspect.Parameter:
     info = model.model_fields[field]
+    if info.is_required():  # an option needs a default to show and to fall back on
+        raise TypeError(f"{model.__name__}.{field} has no default: a setting given as an option needs one")
     annotation, default = info.annotation, info.default
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         # A plain string on the command line: the model refuses an unknown one with its own message.

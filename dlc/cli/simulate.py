@@ -1,7 +1,8 @@
 """`dlc simulate`: goodput of plain DP, elastic DP and decoupled training under chip failures.
 
 Thin: parse the options into a `FailureModel`, call dlc.plan.simulate, render a table, JSON or a
-plot. NumPy, Rich and matplotlib are imported inside the command so importing this module stays cheap.
+plot. NumPy, Rich and matplotlib are imported inside the command; the settings model (pydantic) is
+needed to build the command's options, so `dlc --help` imports it.
 """
 
 from __future__ import annotations

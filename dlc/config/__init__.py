@@ -1,1 +1,1 @@
-"""The recipe: one typed tree of a run's settings, strictly checked, a module per section."""
+"""The recipe: one typed tree of a run's settings, strictly checked, its sections grouped by topic."""

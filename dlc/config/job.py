@@ -1,8 +1,4 @@
-"""The job around the training: its name, directory and stop, its cluster, checkpoints and evaluation.
-
-Where its processes run (`cluster`), how often it checkpoints, and how it evaluates on the
-held-out split.
-"""
+"""The job around the training: its name, directory and stop, its cluster, checkpoints and evaluation."""
 
 from __future__ import annotations
 

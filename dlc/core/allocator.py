@@ -4,8 +4,8 @@ A learner steps the same compiled function thousands of times and holds the same
 whole life. By default glibc hands each step's large temporaries back to the kernel and faults them
 in again the next step, and Python's collector keeps walking objects that never die; both cost a
 tiny learner a large share of its CPU (with freed memory kept, one trains 1.45x as fast on a
-2-core VM). The switches here keep the one and
-leave the other alone. glibc only (Linux); elsewhere nothing changes.
+2-core VM). The switches here keep the one and leave the other alone. glibc only (Linux);
+elsewhere nothing changes.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ memory check (`dlc.plan.memory`) sizes a run before anything is allocated, the b
 cuts fragments from these shapes, and `dlc status` counts a recorded run's parameters. None of them
 may import JAX, so nothing here does; `tests/unit/core/test_shapes.py` builds the model and compares.
 
-A vocabulary that comes from a tokenizer changes `vocab_size` only; another model family adds its
-own shapes function here and `param_shapes` picks it from the recipe.
+Today every model reads bytes (`vocab_size`) and is the one byte-level transformer (`param_shapes`):
+a vocabulary from a tokenizer or another model family is a change to those two functions alone.
 """
 
 from __future__ import annotations

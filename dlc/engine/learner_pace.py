@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-WINDOW_S = 5.0  # the recent rate is measured over at least this many seconds of steps
+WINDOW_S = 5.0  # the recent rate is measured over about the last this many seconds (at least two steps)
 
 
 class Throughput:

@@ -3,7 +3,8 @@
 The driver never waits on an actor: it polls, and takes everything queued since its last poll.
 The loop thread queues each step's events (a checkpoint saved, training begun) and turns the
 learner's step records into `train` metrics, one every `run.log_every_steps` steps; the stop
-queues the final pushes. One lock keeps a poll from taking half of a step's reports.
+queues the final pushes. One lock keeps the queues and the snapshot a poll takes consistent with
+each other.
 """
 
 from __future__ import annotations

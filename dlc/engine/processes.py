@@ -11,6 +11,7 @@ import contextlib
 import time
 from typing import Any
 
+import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
@@ -40,7 +41,7 @@ class Processes:
         options = {**devices.syncer_setup(self.recipe).ray_options(self.inherited), **self.placement.syncer()}
         return SyncerActor.options(**options).remote(self.recipe_json, self.run_dir, self.storage)
 
-    def evaluator(self, eval_bytes: bytes) -> Any:
+    def evaluator(self, eval_bytes: np.ndarray) -> Any:
         options = {**devices.evaluator_setup(self.recipe).ray_options(self.inherited), **self.placement.evaluator()}
         return EvaluatorActor.options(**options).remote(self.recipe_json, ray.put(eval_bytes))
 

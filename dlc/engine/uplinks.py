@@ -67,7 +67,7 @@ class Channel:
     def connect(self, syncer: Any, index: int | None) -> bool:
         """Connect to `syncer`'s channel, unless already connected to it; False if it cannot now.
 
-        A syncer that is dead or restarting is waited for: the driver hands over the next one
+        A syncer that is dead or restarting is waited for: the supervisor hands over the next one
         (`LearnerWorker.set_syncer`). A live syncer whose channel cannot be reached for
         `UNREACHABLE_S` (a firewall between nodes) sets `failure`, which fails the run.
         """

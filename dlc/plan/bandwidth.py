@@ -225,6 +225,7 @@ class BandwidthRow:
 
 def plan(setup: LinkSetup) -> list[BandwidthRow]:
     """DP, blocking DiLoCo and decoupled (bf16, int4) side by side."""
+    setup.check()
     check_size(setup)
     b, h = setup.bits_per_value, setup.H
     dp, diloco, decoupled_bf16, decoupled_int4 = BANDWIDTH_APPROACHES

@@ -48,6 +48,10 @@ class PlanningInputs(BaseModel):
     # Numbers may be inf or nan here: the checks below refuse them with messages of their own.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def check(self) -> None:
+        """Run the checks again: a copy made with `model_copy(update=...)` skipped them."""
+        type(self).model_validate(self.model_dump())
+
 
 class RepairDist(StrEnum):
     """Shape of the time a failed slice spends out of service (the mean is a separate constant)."""

@@ -1,4 +1,4 @@
-"""What a recipe needs before anything is allocated: parameter shapes, fragments, memory.
+"""What a recipe needs before anything is allocated: its fragments and its memory.
 
 `dlc train` asks here before it reads the corpus or starts a process, so a recipe too large for
 the machine is refused with the memory it would need instead of ending in an out-of-memory

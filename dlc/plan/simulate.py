@@ -221,6 +221,7 @@ def cell_rng(seed: int, system: str, chips: float, learners: int) -> np.random.G
 def simulate_all(chips: float, learners: int, quorum: int, model: FailureModel, seed: int) -> dict[str, SystemResult]:
     """The three systems at one cluster size."""
     check_shape(chips, learners, quorum, seed)
+    model.check()
     check_size(chips, model)
     dp, elastic_dp, decoupled = SYSTEMS
     return {
@@ -299,6 +300,7 @@ def sweep(
     on_cell: Callable[[], None] | None = None,
 ) -> list[SweepRow]:
     """The paper's layout: plain DP, elastic DP, then decoupled for each M > 1."""
+    model.check()
     ms = sorted({m for m in learners_list if m > 1})
     for chips in chips_list:
         for m in [1, *ms]:

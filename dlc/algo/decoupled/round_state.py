@@ -1,9 +1,9 @@
 """What the round book holds per fragment and per learner: rounds open and closed, pushes merged, seqs seen.
 
-The open round and its entries, the result of a closed round, the last merged push of each anchor,
-and each learner's seqs seen. Plain state with the times passed in; the rules that fill it
-(validation, superseding, netting against what was merged) are the round book's
-(`dlc.algo.decoupled.rounds`).
+The open round and its entries, the result of a closed round, the last merged push of each
+anchor, and each learner's seqs seen. Plain state with the times passed in, and the one rule an
+entry keeps itself (`Entry.superseded_by`); the rules that fill it (validation, netting against
+what was merged) are the round book's (`dlc.algo.decoupled.rounds`).
 """
 
 from __future__ import annotations

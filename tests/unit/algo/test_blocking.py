@@ -17,8 +17,7 @@ from dlc.core.learner import Learner
 from dlc.core.model import flatten_params
 from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
 from dlc.net.transport import Transport
-from tests.fakes import Direct
-from tests.helpers import FakeClock
+from tests.fakes import Direct, FakeClock
 
 SMALL = {
     "run": {"max_steps": 10},

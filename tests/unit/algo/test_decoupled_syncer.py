@@ -10,7 +10,7 @@ from dlc.algo.decoupled.syncer import IDLE_TICK_S, DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
-from tests.helpers import FakeClock
+from tests.fakes import FakeClock
 
 SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
 

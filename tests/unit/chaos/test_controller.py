@@ -14,7 +14,8 @@ from collections import Counter
 from chaos.controller import Controller
 from chaos.faults import FaultKind
 from chaos.schedule import faults_until
-from tests.helpers import FakeTarget, SleepingClock, bare_plan, run_plan
+from tests.fakes import FakeTarget, SleepingClock
+from tests.helpers import bare_plan, run_plan
 
 
 def _phases(target: FakeTarget) -> list[tuple[str, int | None, str]]:

@@ -12,7 +12,8 @@ import pytest
 from chaos.faults import Fault, FaultKind
 from chaos.plan import Plan, load_plan, plan_from_dict, reference_markdown, shipped_plans
 from dlc.errors import UserError
-from tests.helpers import FakeTarget, SleepingClock, run_plan
+from tests.fakes import FakeTarget, SleepingClock
+from tests.helpers import run_plan
 
 
 def test_link_faults_in_a_plan_file_take_the_plans_defaults(tmp_path: Path):

@@ -23,7 +23,8 @@ from chaos.controller import Controller
 from chaos.faults import FaultKind
 from chaos.target import LearnerInfo, ProcessSignals, RunDirTarget, TargetError
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, append_jsonl, read_lines_after
-from tests.helpers import REPO, SleepingClock, bare_plan, write_status
+from tests.fakes import SleepingClock
+from tests.helpers import REPO, bare_plan, write_status
 
 
 @pytest.fixture

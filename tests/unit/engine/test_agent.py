@@ -1,6 +1,6 @@
 """The driver's side of chaos's signals: each request reaches the agent on the right node, for the
 process chaos saw, and a lost node takes every live learner on it. No Ray: the agents are fakes that
-record what they were asked (the agent itself is tested on real processes in test_chaos_target)."""
+record what they were asked (the agent itself is tested on real processes in tests/unit/chaos/test_target.py)."""
 
 from __future__ import annotations
 

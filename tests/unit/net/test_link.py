@@ -9,7 +9,7 @@ from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.net.link import DelayLine, Link
 from dlc.net.transport import Transport
-from tests.helpers import FakeClock
+from tests.fakes import FakeClock
 
 MB = 1_000_000
 

@@ -81,6 +81,7 @@ class Hub:
         self._lock = threading.Lock()
         self._ports: dict[int, Port] = {}
         self._peers: set[Peer] = set()
+        self._accepted = itertools.count()  # connections in the order they were accepted
         self._received_before = 0  # messages read from connections since ended
         self._last: tuple[Any, Frame] | None = None  # the last message framed, and its frame
         self._batches = threading.local()  # per thread: None, or each port's frames (`batch`)
@@ -161,16 +162,17 @@ class Hub:
             except OSError:  # the listener was shut down
                 return
             conn = connection(sock)
-            threading.Thread(target=self._serve, args=(conn,), name="channel-reader", daemon=True).start()
+            order = next(self._accepted)
+            threading.Thread(target=self._serve, args=(conn, order), name="channel-reader", daemon=True).start()
 
-    def _serve(self, conn: Connection) -> None:
+    def _serve(self, conn: Connection, order: int) -> None:
         peer = port = None
         try:
             authenticate(conn, self.authkey, listening=True)
             hello = conn.recv()
             if not isinstance(hello, Hello):
                 return
-            peer = Peer(conn)
+            peer = Peer(conn, order)
             with self._lock:
                 if self._closed:
                     return

@@ -85,8 +85,9 @@ class Peer:
     must be written before anything else is.
     """
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, order: int = 0) -> None:
         self.conn = conn
+        self.order = order  # when the syncer accepted it: a learner's later connection is a larger one
         self._sock = socket.socket(fileno=os.dup(conn.fileno()))  # for writes that must not wait
         self._lock = threading.Lock()
         self.rest: Frame = []

@@ -32,6 +32,7 @@ class Port:
         self._queue: deque[Frame] = deque()
         self._cond = threading.Condition()
         self._peer: Peer | None = None
+        self._newest = -1  # the order of the newest connection attached
         self._writing = False  # a thread is writing one of this port's messages
         self._closed = False
         threading.Thread(target=self._run, name=f"port-{learner}", daemon=True).start()
@@ -68,11 +69,19 @@ class Port:
                 self._cond.notify()
 
     def attach(self, peer: Peer) -> None:
-        """From now on messages go to `peer` (a learner process that connected, or connected again)."""
+        """From now on messages go to `peer` (a learner process that connected, or connected again).
+
+        A connection older than one attached already is hung up instead: its reader thread read its
+        hello late, after the learner had hung it up and connected again, and messages sent to it
+        would be lost (or it would hang up the live one)."""
         with self._cond:
-            old, self._peer = self._peer, peer
-            self._cond.notify()
-        if old is not None and old is not peer:
+            stale = peer.order < self._newest
+            if not stale:
+                old, self._peer, self._newest = self._peer, peer, peer.order
+                self._cond.notify()
+        if stale:
+            hang_up(peer.conn)
+        elif old is not None and old is not peer:
             hang_up(old.conn)
 
     def close(self) -> None:

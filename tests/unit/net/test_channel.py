@@ -8,12 +8,14 @@ import queue
 import socket
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Client
+from multiprocessing.connection import AuthenticationError, Client, Pipe
 
 import numpy as np
 import pytest
 
+from dlc.net import wire
 from dlc.net.channel import Beat, Hello, Hub, Uplink
+from dlc.net.framing import Peer
 
 
 def until(predicate, timeout_s=10.0):
@@ -206,11 +208,32 @@ def test_a_learner_told_to_leave_still_sends_its_last_pushes(hub):
     assert hub.handled == ["last push"]
 
 
+def test_a_connection_whose_hello_is_read_late_does_not_replace_a_newer_one(hub):
+    """A learner hung up and connected again before the hub read the first connection's hello: that
+    connection, attached last, is hung up, and the newer one keeps the port and its messages."""
+    port = hub.open(0)
+    (older_end, older), (newer_end, newer) = Pipe(), Pipe()
+    peers = [Peer(newer, order=2), Peer(older, order=1)]
+    try:
+        for peer in peers:
+            port.attach(peer)
+        port.remote("for the newer one")
+        assert newer_end.poll(10) and wire.loads(newer_end.recv_bytes()) == "for the newer one"
+        assert older_end.poll(10)
+        with pytest.raises(EOFError):  # hung up, with nothing sent on it
+            older_end.recv_bytes()
+    finally:
+        port.close()
+        for end in (*peers, older_end, newer_end):
+            end.close()
+
+
 def test_a_learner_that_connects_again_gets_what_was_queued_meanwhile(hub):
     port = hub.open(0)
     learner = Learner(hub, 0)
+    until(lambda: port.connected)  # the hub read its hello: not connected later means it saw the hang-up
     learner.uplink.close()
-    until(lambda: not port.connected)  # the hub saw it hang up
+    until(lambda: not port.connected)
     port.remote("sent while it was away")
     learner.uplink.connect(hub.address, hub.authkey, 0)
     assert learner.take(1) == ["sent while it was away"]

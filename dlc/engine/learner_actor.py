@@ -90,7 +90,7 @@ class LearnerWorker:
         self.checkpointer = None if index is None or self.storage_error else self._checkpointer(index)
         self.reports = Reports(self.recipe.run.log_every_steps)
         self.state = "starting" if index is not None else "spare"
-        self.steady = 0.0
+        self.meter = Throughput()  # its tokens per second, measured by the loop
         self.error: str | None = None
         self._stop = threading.Event()
         # Seconds the loop stood still for something other than its own protocol: writing
@@ -198,7 +198,7 @@ class LearnerWorker:
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
         max_steps = recipe.run.max_steps
-        meter = Throughput()
+        meter = self.meter
         self.startup.join()
         if self.error:
             return
@@ -229,11 +229,10 @@ class LearnerWorker:
                         }
                     )
                 meter.measure(now, learner.tokens)
-                self.steady = meter.steady
-                self.reports.step(events, meter.rate)
-                self.reports.log(self.index, learner.take_records)
+                self.reports.add(events)
+                self.reports.log(self.index, learner.take_records, meter.rate)
             learner.flush()
-            self.reports.log(self.index, learner.take_records)
+            self.reports.log(self.index, learner.take_records, meter.rate)
             self.state = "finished"
         except Exception:  # reported to the driver, which fails the run with this text
             self._fail(traceback.format_exc())
@@ -252,8 +251,8 @@ class LearnerWorker:
             "state": self.state,
             "step": self.learner.step,
             "tokens": self.learner.tokens - self.copies.base_tokens,
-            "tokens_per_s": round(self.reports.rate, 1),
-            "steady_tokens_per_s": round(self.steady, 1),
+            "tokens_per_s": round(self.meter.rate, 1),
+            "steady_tokens_per_s": round(self.meter.steady, 1),
             "loss": self.reports.loss,
             "data_position": self.learner.position,
             "phase": self.current_phase(),

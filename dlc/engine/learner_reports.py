@@ -18,28 +18,22 @@ if TYPE_CHECKING:
 
 
 class Reports:
-    """A learner's queued events and train metrics, and its last loss and recent rate (tokens/s)."""
+    """A learner's queued events and train metrics, and its last loss."""
 
     def __init__(self, log_every_steps: int) -> None:
         self.lock = threading.Lock()  # held by a poll while it takes the queues and the snapshot beside them
         self.events: list[dict[str, Any]] = []
         self.metrics: list[dict[str, Any]] = []
         self.loss: float | None = None
-        self.rate = 0.0
         self._every = log_every_steps
-
-    def step(self, events: list[dict[str, Any]], rate: float) -> None:
-        """A step ended with `events`; the loop measured `rate` tokens per second over its last steps."""
-        with self.lock:
-            self.events.extend(events)
-            self.rate = rate
 
     def add(self, events: list[dict[str, Any]]) -> None:
         with self.lock:
             self.events.extend(events)
 
-    def log(self, index: int | None, take_records: Callable[[], list[StepRecord]]) -> None:
-        """Queue the `train` metrics of the records `take_records` hands over (learner `index`'s)."""
+    def log(self, index: int | None, take_records: Callable[[], list[StepRecord]], rate: float) -> None:
+        """Queue the `train` metrics of the records `take_records` hands over (learner `index`'s), at
+        the `rate` in tokens per second the loop measures now."""
         with self.lock:
             for record in take_records():
                 self.loss = record.loss
@@ -52,7 +46,7 @@ class Reports:
                             "tokens": record.tokens,
                             "loss": record.loss,
                             "grad_norm": record.grad_norm,
-                            "tokens_per_s": round(self.rate, 1),
+                            "tokens_per_s": round(rate, 1),
                         }
                     )
 

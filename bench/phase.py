@@ -17,7 +17,8 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 from dlc.config.load import load_recipe  # noqa: E402
-from dlc.core.data import load_corpus, split_corpus  # noqa: E402
+from dlc.data.corpus import load_corpus, split_corpus
+from dlc.data.plan import DataPlan  # noqa: E402
 from dlc.engine.local import InProcessRun  # noqa: E402
 
 STEP_S = 0.1  # the twin's step time: only ratios to it matter (grace window, heartbeats)
@@ -45,7 +46,9 @@ def main() -> None:
                     *args.overrides,
                 ],
             )
-            split = split_corpus(load_corpus(recipe.data), recipe.data, len(behind), recipe.run.seed, 4096)
+            split = DataPlan.of_bytes(
+                split_corpus(load_corpus(recipe.data), recipe.data, len(behind), recipe.run.seed, 4096)
+            )
             t0 = time.time()
             run = InProcessRun(recipe, split, step_time_s=STEP_S, starts_s=[b * STEP_S for b in offsets])
             run.run_until((args.steps + max(offsets)) * STEP_S + 1e-6)  # the last learner's last step

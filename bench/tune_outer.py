@@ -16,9 +16,10 @@ import time
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 from dlc.config.load import load_recipe  # noqa: E402
-from dlc.core.data import load_corpus, split_corpus  # noqa: E402
 from dlc.core.evaluate import Evaluator  # noqa: E402
 from dlc.core.learner import Learner  # noqa: E402
+from dlc.data.corpus import load_corpus, split_corpus
+from dlc.data.plan import DataPlan  # noqa: E402
 from dlc.engine.local import InProcessRun  # noqa: E402
 
 
@@ -36,7 +37,9 @@ def main() -> None:
         recipe = load_recipe(
             args.recipe, [f"learners.count={args.learners}", f"run.max_steps={args.steps}", *args.set, *overrides]
         )
-        split = split_corpus(load_corpus(recipe.data), recipe.data, args.learners, recipe.run.seed, 4096)
+        split = DataPlan.of_bytes(
+            split_corpus(load_corpus(recipe.data), recipe.data, args.learners, recipe.run.seed, 4096)
+        )
         run = InProcessRun(recipe, split)
         t0 = time.time()
         for _ in range(args.steps):
@@ -53,12 +56,12 @@ def main() -> None:
         recipe = load_recipe(
             args.recipe, ["learners.count=1", f"run.max_steps={args.steps * args.learners}", *args.set]
         )
-        split = split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096)
+        split = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096))
         learner = Learner(recipe, 0, split.streams[0])
         for _ in range(args.steps * args.learners):
             learner.train_step()
         learner.flush()
-        loss = Evaluator(recipe, learner.graphdef, split.eval_bytes)(learner.params)[0]
+        loss = Evaluator(recipe, learner.graphdef, split.eval)(learner.params)[0]
         print(f"{'one learner alone, same tokens':60s} eval {loss:.4f}")
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from dlc.config.schema import Recipe
 from dlc.core.compile_cache import prepare_compilation_cache
-from dlc.core.data import load_corpus, split_corpus
+from dlc.data.plan import ensure_prepared, plan_data, resolve_data
 from dlc.engine.driver import Driver, Outcome
 from dlc.engine.interrupts import Interrupts
 from dlc.engine.journal import check_journal
@@ -26,18 +26,18 @@ def run(
     """Train the recipe until its stop condition, Ctrl-C, or an error; inject `chaos_plan` alongside.
     `ends_process`: the process ends with the run (the CLI's), and ignores Ctrl-C once it is over.
 
-    Everything that can refuse the start (the memory it needs, the corpus, the compilation cache, the
-    run directory and its checkpoints and journal, the cluster and its room for the recipe) is checked
-    before the run directory is written.
+    Everything that can refuse the start (the data and the model's vocabulary, the memory it needs,
+    the compilation cache, the run directory and its checkpoints and journal, the cluster and its room
+    for the recipe) is checked before the run directory is written. A prepared dataset that
+    data.prepare describes and data.path does not hold yet is prepared first.
     """
     from dlc.engine import cluster, devices, placement
 
+    ensure_prepared(recipe)
+    recipe, manifest = resolve_data(recipe)  # the vocabulary every process builds its model with
     check_fits(recipe)  # before anything is allocated
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
-    corpus = load_corpus(recipe.data)
-    min_bytes = max(recipe.learners.resolved(i).batch_size for i in range(recipe.learners.count))
-    streams = recipe.learners.count + recipe.learners.join_streams
-    split = split_corpus(corpus, recipe.data, streams, recipe.run.seed, min_bytes * (recipe.learners.seq_len + 1) * 2)
+    data = plan_data(recipe, manifest)
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
     with Claim() as claim:  # one dlc train at a time in the run directory, until this returns
         layout = RunDir.check(recipe, fresh, claim)
@@ -60,8 +60,11 @@ def run(
                 "run_started",
                 run_dir=str(rundir.path),
                 storage=rundir.storage.location,
-                corpus_bytes=len(corpus),
-                eval_bytes=len(split.eval_bytes),
+                data=recipe.data.path or recipe.data.source,
+                tokenizer=data.tokenizer,
+                train_tokens=data.train_tokens,
+                eval_tokens=data.eval_tokens,
+                eval_bytes_per_token=round(data.bytes_per_token, 4),
                 learners=recipe.learners.count,
                 algorithm=recipe.algorithm,
                 resumed=layout.resume,
@@ -69,7 +72,7 @@ def run(
             if cache is not None:
                 rundir.event("compile_cache", **cache)
             try:
-                return Driver(recipe, rundir, layout.resume, split, view, chaos_plan, started).run(interrupts)
+                return Driver(recipe, rundir, layout.resume, data, view, chaos_plan, started).run(interrupts)
             finally:
                 interrupts.hold()
                 cluster.stop_cluster()  # the driver stops it; this covers a driver that failed to start

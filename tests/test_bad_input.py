@@ -167,6 +167,10 @@ RECIPE_CASES = [
     ("model-context-beyond-memory", ["model.context_len=2000000000"], ["of memory", "model.context_len"]),
     ("data-block-shorter-than-sequence", ["data.block_bytes=64"], ["data.block_bytes=64", "learners.seq_len=64"]),
     ("data-corpus-bytes-bool", ["data.max_corpus_bytes=true"], ["data.max_corpus_bytes=true", "not a number"]),
+    ("data-prepared-without-path", ["data.source=prepared"], ["data.source=prepared needs data.path"]),
+    ("data-prepared-missing", ["data.source=prepared", "data.path=/none/ds"], ["/none/ds", "dlc prepare"]),
+    ("data-path-for-bytes", ["data.path=/tmp/ds"], ["data.path is read only with data.source=prepared"]),
+    ("model-vocab-below-bytes", ["model.vocab_size=100"], ["model.vocab_size=100", "256 tokens"]),
     ("learners-count-bool", ["learners.count=true"], ["learners.count=true", "not a number"]),
     ("learners-batch-beyond-memory", ["learners.batch_size=100000"], ["of memory", "batch 100000"]),
     (
@@ -196,9 +200,22 @@ def test_train_refuses_a_bad_recipe_before_anything_is_written(overrides, fragme
     assert not run.exists()
 
 
+def recipe_file(text: str) -> Callable[[Path], Path]:
+    def write(tmp: Path) -> Path:
+        (tmp / "recipe.yaml").write_text(text)
+        return tmp / "recipe.yaml"
+
+    return write
+
+
 # (case, the recipe argument given a scratch directory, fragments)
 RECIPE_PATH_CASES: list[tuple[str, Callable[[Path], Path], list[str]]] = [
     ("recipe-is-a-folder", lambda tmp: tmp, ["is a directory", "give a recipe file inside it"]),
+    ("recipe-empty", recipe_file(""), ["recipe.yaml", "is empty", "recipes/tiny.yaml"]),
+    ("recipe-only-comments", recipe_file("# learners: 4\n\n"), ["recipe.yaml", "is empty"]),
+    ("recipe-a-bare-zero", recipe_file("0\n"), ["recipe.yaml", "bare int", "not a mapping of sections"]),
+    ("recipe-a-bare-string", recipe_file("tiny\n"), ["recipe.yaml", "bare str", "'tiny'"]),
+    ("recipe-a-list", recipe_file("- run\n"), ["recipe.yaml", "bare list"]),
 ]
 
 

@@ -12,7 +12,8 @@ LAYERS = (
     "dlc.errors",
     "dlc.units",  # byte sizes and their formatter
     "dlc.config",  # the recipe
-    "dlc.core",  # model, data, steps, learner, codec, fragments: JAX and NumPy only
+    "dlc.data",  # corpora, tokenizers, prepared token shards: NumPy, no JAX
+    "dlc.core",  # model, steps, learner, codec, fragments: JAX and NumPy only
     "dlc.net",  # transport and emulated links
     "dlc.run",  # the run-directory contract, checkpoints
     "dlc.algo",  # decoupled, blocking, none

@@ -70,9 +70,10 @@ def bandwidth_command(
 
 def _recipe_traffic(path: Path, json_out: bool) -> None:
     from dlc.config.load import load_recipe
+    from dlc.data.plan import planned_vocab
     from dlc.plan.bandwidth import recipe_traffic
 
-    recipe = load_recipe(path)
+    recipe = planned_vocab(load_recipe(path))
     traffic = recipe_traffic(recipe)
     if json_out:
         typer.echo(json.dumps({k: round(v, 3) for k, v in traffic.items()}))

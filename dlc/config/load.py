@@ -71,13 +71,21 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         hint = ", ".join(sorted(p.name for p in Path("recipes").glob("*.yaml"))) if Path("recipes").is_dir() else ""
         raise UserError(f"recipe file {str(path)!r} not found" + (f": recipes here are {hint}" if hint else ""))
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UserError(f"recipe {str(path)!r} is not valid YAML: {exc}") from None
     except OSError as exc:
         raise UserError(f"recipe {str(path)!r} cannot be read ({exc.strerror}): check its permissions") from None
+    if data is None:  # empty, or only comments: a slip (a wrong file, an unsaved editor), never "all defaults"
+        raise UserError(
+            f"recipe {str(path)!r} is empty (or holds only comments): write its sections (run:, model:, ...), "
+            "e.g. copy recipes/tiny.yaml"
+        )
     if not isinstance(data, dict):
-        raise UserError(f"recipe {str(path)!r} must be a mapping of sections (run:, model:, ...)")
+        raise UserError(
+            f"recipe {str(path)!r} holds a bare {type(data).__name__} ({str(data)[:40]!r}), not a mapping of "
+            "sections (run:, model:, ...): e.g. copy recipes/tiny.yaml"
+        )
     data = merge_tree(data, parse_overrides(overrides or []))
     return recipe_from_dict(data, origin=str(path))
 

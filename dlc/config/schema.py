@@ -24,8 +24,8 @@ class Recipe(Section):
     run: RunConfig = Field(
         default_factory=lambda: RunConfig(max_steps=1000), description="Run identity and stop condition."
     )
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The byte-level transformer.")
-    data: DataConfig = Field(default_factory=DataConfig, description="Corpus and splits.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The transformer.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Corpus or prepared dataset, and splits.")
     learners: LearnersConfig = Field(default_factory=LearnersConfig, description="Learner islands.")
     inner: InnerConfig = Field(default_factory=InnerConfig, description="Inner optimizer (AdamW).")
     algorithm: AlgorithmName = Field("decoupled", description=ALGORITHM_DESCRIPTION)
@@ -44,7 +44,7 @@ class Recipe(Section):
                 "shorten seq_len or raise context_len"
             )
         block = self.data.block_bytes
-        if block < self.learners.seq_len + 1:
+        if self.data.source != "prepared" and block < self.learners.seq_len + 1:
             raise ValueError(
                 f"data.block_bytes={block} is shorter than one training window (learners.seq_len="
                 f"{self.learners.seq_len} bytes plus the byte it predicts): raise data.block_bytes to at least "

@@ -14,7 +14,13 @@ class ModelConfig(Section):
     num_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Attention heads per block; must divide width.")
     mlp_ratio: int = Field(4, ge=1, description="MLP hidden size as a multiple of width.")
-    context_len: int = Field(128, ge=2, description="Longest sequence the model accepts, in bytes.")
+    context_len: int = Field(128, ge=2, description="Longest sequence the model accepts, in tokens.")
+    vocab_size: int | None = Field(
+        None,
+        ge=2,
+        description="Token ids the model embeds and predicts. Default: 256 on data.source stdlib or text (bytes), "
+        "the dataset's vocabulary on data.source=prepared; a larger value pads it (e.g. to a multiple of 128).",
+    )
     tie_embeddings: bool = Field(True, description="Reuse the input embedding as the output layer.")
     init_std: float = Field(0.02, gt=0, description="Standard deviation of the normal initialisation.")
 
@@ -28,11 +34,33 @@ class ModelConfig(Section):
         return self
 
 
+class PrepareConfig(Section):
+    """How `dlc train` prepares data.path on first use, as `dlc prepare` would."""
+
+    sources: list[str] = Field(
+        min_length=1,
+        description="What `dlc prepare` reads: files, globs, directories, stdlib, a saved Hugging Face dataset.",
+    )
+    tokenizer: str = Field("bytes", description="bytes, bpe:N (a byte-level BPE of N tokens), or a tokenizer.json.")
+    field: str = Field("text", description="The text field of JSONL records and the column of Parquet and datasets.")
+
+
 class DataConfig(Section):
-    source: Literal["stdlib", "text"] = Field(
+    source: Literal["stdlib", "text", "prepared"] = Field(
         "stdlib",
-        description="stdlib: the running interpreter's standard-library sources (no download); "
-        "text: the files named in data.paths.",
+        description="stdlib: the running interpreter's standard-library sources, read as bytes (no download); "
+        "text: the files named in data.paths, read as bytes; prepared: the token dataset in data.path "
+        "(`dlc prepare`).",
+    )
+    path: str | None = Field(
+        None,
+        description="For data.source=prepared: the directory `dlc prepare` wrote (a local path, or one every "
+        "node mounts at the same place).",
+    )
+    prepare: PrepareConfig | None = Field(
+        None,
+        description="For data.source=prepared: prepare data.path from these sources on first use, when it holds "
+        "no dataset yet.",
     )
     paths: list[str] = Field(
         default_factory=list,
@@ -42,14 +70,33 @@ class DataConfig(Section):
         None, ge=1, description="Use at most this many bytes of the corpus (files in order)."
     )
     block_bytes: int = Field(
-        4096, ge=64, description="Corpus block size in bytes; blocks are shuffled and dealt to eval and learners."
+        4096,
+        ge=64,
+        description="stdlib and text: corpus block size in bytes; blocks are shuffled and dealt to eval and learners.",
     )
-    eval_fraction: float = Field(0.02, gt=0, lt=0.5, description="Fraction of blocks held out for eval.")
+    block_tokens: int = Field(
+        4096,
+        ge=64,
+        description="prepared: the training split is cut into blocks of this many tokens, dealt to the learners "
+        "in turn (learner i of n reads blocks i, i + n, ...).",
+    )
+    eval_fraction: float = Field(
+        0.02,
+        gt=0,
+        lt=0.5,
+        description="Fraction held out for eval: of the blocks (stdlib, text), or of the documents when "
+        "data.prepare prepares a dataset.",
+    )
 
     @model_validator(mode="after")
-    def _text_needs_paths(self) -> DataConfig:
+    def _source_needs_its_settings(self) -> DataConfig:
         if self.source == "text" and not self.paths:
             raise ValueError("data.source=text needs data.paths: a list of files or globs")
+        if self.source == "prepared" and not self.path:
+            raise ValueError("data.source=prepared needs data.path: a directory `dlc prepare` wrote")
+        if self.source != "prepared" and (self.path or self.prepare):
+            which = "data.path" if self.path else "data.prepare"
+            raise ValueError(f"{which} is read only with data.source=prepared: set data.source=prepared or drop it")
         return self
 
 

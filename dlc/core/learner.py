@@ -1,4 +1,4 @@
-"""One learner: parameters, AdamW state and a byte stream, stepped by a host loop.
+"""One learner: parameters, AdamW state and a data stream, stepped by a host loop.
 
 The jitted step stays pure; everything with a side effect (pacing, metrics, checkpoints, and
 later pushing fragments to the syncer) happens here, around it. Metrics of step t are read
@@ -16,9 +16,9 @@ import jax
 import numpy as np
 
 from dlc.config.schema import Recipe
-from dlc.core.data import ByteStream
 from dlc.core.model import Params, build_model
 from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
+from dlc.data.plan import StreamSource, open_stream
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class StepRecord:
 
 
 class Learner:
-    def __init__(self, recipe: Recipe, index: int, stream_bytes: np.ndarray | None) -> None:
+    def __init__(self, recipe: Recipe, index: int, source: StreamSource | None) -> None:
         self.index = index
         self.batch_size = recipe.learners.resolved(index).batch_size
         self.seq_len = recipe.learners.seq_len
@@ -46,7 +46,7 @@ class Learner:
         self.params: Params = self.place(params)
         self.opt_state: Any = self.place(self.optimizer.init(self.params))
         # None: a hot spare, which holds no data until it takes a learner's slot (`rebind`).
-        self.stream: Any = None if stream_bytes is None else ByteStream(stream_bytes, self.batch_size, self.seq_len)
+        self.stream: Any = None if source is None else open_stream(source, self.batch_size, self.seq_len)
         self._train_step = make_train_step(self.graphdef, self.optimizer)
         self._step_fn: Any = None  # the compiled train step: `compile`
         self._compiling = threading.Lock()  # the engine compiles in a thread of its own
@@ -80,7 +80,7 @@ class Learner:
                 batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
                 self._grad_step = make_grad_step(self.graphdef).lower(self.params, batch, batch).compile()
 
-    def rebind(self, index: int, recipe: Recipe, stream_bytes: np.ndarray) -> None:
+    def rebind(self, index: int, recipe: Recipe, source: StreamSource) -> None:
         """Become learner `index` with its data stream (a hot spare taking a slot over).
 
         A slot whose batch size differs from the spare's compiles its own step at the first step.
@@ -90,7 +90,7 @@ class Learner:
             if settings.batch_size != self.batch_size:
                 self._step_fn = self._grad_step = None
             self.index, self.batch_size, self.pace_s = index, settings.batch_size, settings.step_time_s
-        self.stream = ByteStream(stream_bytes, self.batch_size, self.seq_len)
+        self.stream = open_stream(source, self.batch_size, self.seq_len)
 
     def _pace(self) -> float:
         if self.pace_s:

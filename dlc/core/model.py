@@ -1,4 +1,4 @@
-"""A decoder-only transformer over bytes, in Flax NNX.
+"""A decoder-only transformer over bytes or a prepared dataset's tokens, in Flax NNX.
 
 The model is built once with `build_model`; training code then works on its parameters as a
 plain nested dict of arrays (`split_params`), so the jitted step is a pure function and the
@@ -65,7 +65,7 @@ class Block(nnx.Module):
         return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
 
 
-class ByteTransformer(nnx.Module):
+class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
         init = nnx.initializers.normal(stddev=cfg.init_std)
         self.embed = nnx.Embed(vocab_size(cfg), cfg.width, embedding_init=init, rngs=rngs)
@@ -79,7 +79,7 @@ class ByteTransformer(nnx.Module):
         )
 
     def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
-        """Logits for the next byte at every position: [B, T] int -> [B, T, V] float (V: `vocab_size`)."""
+        """Logits for the next token at every position: [B, T] int -> [B, T, V] float (V: `vocab_size`)."""
         T = tokens_BxT.shape[1]
         x_BxTxD = self.embed(tokens_BxT) + self.pos_embed(jnp.arange(T))[None]
         for block in self.blocks:
@@ -92,7 +92,7 @@ class ByteTransformer(nnx.Module):
 
 def build_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, Params]:
     """The model's static structure and its initial parameters as a nested dict."""
-    model = ByteTransformer(cfg, nnx.Rngs(seed))
+    model = Transformer(cfg, nnx.Rngs(seed))
     graphdef, state = nnx.split(model, nnx.Param)
     return graphdef, nnx.to_pure_dict(state)
 

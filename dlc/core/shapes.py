@@ -1,12 +1,12 @@
 """The model's sizes from its recipe alone: its vocabulary, every parameter's name and shape, their count.
 
-The one place that knows what `dlc.core.model.ByteTransformer` holds, without building it: the
+The one place that knows what `dlc.core.model.Transformer` holds, without building it: the
 memory check (`dlc.plan.memory`) sizes a run before anything is allocated, the bandwidth planner
 cuts fragments from these shapes, and `dlc status` counts a recorded run's parameters. None of them
 may import JAX, so nothing here does; `tests/unit/core/test_shapes.py` builds the model and compares.
 
-Today every model reads bytes (`vocab_size`) and is the one byte-level transformer (`param_shapes`):
-a vocabulary from a tokenizer or another model family is a change to those two functions alone.
+Every model is the one transformer (`param_shapes`), reading bytes or a prepared dataset's tokens
+(`vocab_size`): another model family is a change to those functions alone.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 
 from dlc.config.workload import ModelConfig
-
-BYTE_VOCAB = 256  # the model reads and predicts raw bytes
+from dlc.data.corpus import BYTE_VOCAB
 
 
 def vocab_size(model: ModelConfig) -> int:
-    """Tokens the model embeds and predicts: every byte value, until a dataset brings its tokenizer."""
-    return BYTE_VOCAB
+    """Tokens the model embeds and predicts: model.vocab_size, which a prepared dataset sets
+    (`dlc.data.plan.resolve_data`), else every byte value."""
+    return model.vocab_size or BYTE_VOCAB
 
 
 def mlp_hidden(model: ModelConfig) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 from dlc.config.budget import Budget
 from dlc.config.schema import Recipe
-from dlc.core.data import Split
+from dlc.data.plan import DataPlan
 from dlc.engine.control import start_chaos
 from dlc.engine.evaluations import Evaluations
 from dlc.engine.interrupts import EXIT_INTERRUPTED, Interrupts
@@ -45,7 +45,7 @@ class Driver:
         recipe: Recipe,
         rundir: RunDir,
         resume: bool,
-        split: Split,
+        data: DataPlan,
         view: ProgressView,
         chaos_plan: Any = None,
         cluster_info: dict[str, Any] | None = None,
@@ -57,7 +57,7 @@ class Driver:
         self.chaos_plan = chaos_plan
         self.rundir = rundir
         self.resume = resume
-        self.split = split
+        self.data = data
         self.view = view
         self.budget = Budget(recipe)
         self.started = time.time()
@@ -170,7 +170,7 @@ class Driver:
             restored = ray.get(self.syncer.restore.remote())
         if restored:
             rundir.event("syncer_restored", **restored)
-        self.evaluator = processes.evaluator(self.split.eval_bytes)
+        self.evaluator = processes.evaluator(self.data.eval)
 
         # New processes push to the syncer of the moment: it may have been restarted since the launch.
         def make_learner(i: int, stream: Any, incarnation: int = 0) -> Any:
@@ -179,7 +179,7 @@ class Driver:
         def make_spare(requested_at: float) -> Any:
             return processes.spare(requested_at, self.syncer)
 
-        streams = {i: ray.put(stream) for i, stream in enumerate(self.split.streams)}
+        streams = {i: ray.put(stream) for i, stream in enumerate(self.data.streams)}
         joiners = [streams[i] for i in range(recipe.learners.count, len(streams))]
         self.supervisor = Supervisor(
             recipe,

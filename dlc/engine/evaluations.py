@@ -9,7 +9,6 @@ later tick, never waiting for it.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +31,8 @@ class Evaluations:
         """Evaluate the model the run starts from (unless the run it resumes did), and wait for it."""
         self.evaluator = evaluator
         if self.initial is None:
-            self.initial, _ = ray.get(evaluator.evaluate.remote(params))
-            self.metric(kind="eval", step=0, tokens=0, eval_loss=self.initial, eval_bpb=bits_per_byte(self.initial))
+            self.initial, bpb = ray.get(evaluator.evaluate.remote(params))
+            self.metric(kind="eval", step=0, tokens=0, eval_loss=self.initial, eval_bpb=bpb)
 
     def poll(self, step: float, tokens: int, params: Callable[[], Any]) -> None:
         """Record an evaluation that finished; start the next when the mean step passes its mark."""
@@ -61,7 +60,3 @@ class Evaluations:
                 ray.get(self._ref)
         self.loss, self.bpb = ray.get(self.evaluator.evaluate.remote(params), timeout=300)
         self.metric(kind="eval", step=round(step, 1), tokens=tokens, eval_loss=self.loss, eval_bpb=self.bpb, final=True)
-
-
-def bits_per_byte(loss: float) -> float:
-    return loss / math.log(2)

@@ -15,7 +15,8 @@ from dlc.errors import UserError
 class EvaluatorWorker:
     """Lives in the evaluator actor: evaluates global parameter snapshots off the critical path."""
 
-    def __init__(self, recipe_json: dict[str, Any], eval_bytes: np.ndarray) -> None:
+    def __init__(self, recipe_json: dict[str, Any], held_out: Any) -> None:
+        """`held_out`: the held-out bytes, or where the prepared dataset's held-out split is."""
         self.recipe = Recipe.model_validate(recipe_json)
         from dlc.core.backend import BackendError, start_backend
         from dlc.core.compile_cache import compilation_cache_dir, enable_compilation_cache
@@ -40,7 +41,7 @@ class EvaluatorWorker:
 
         graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
         self._unflatten = unflatten_params
-        self.evaluator = Evaluator(self.recipe, graphdef, eval_bytes)
+        self.evaluator = Evaluator(self.recipe, graphdef, held_out)
 
     def device_info(self) -> dict[str, str]:
         """The device it evaluates on; raises the backend's error (a UserError) if JAX failed to start."""

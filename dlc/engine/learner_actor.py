@@ -44,7 +44,7 @@ class LearnerWorker:
         self,
         recipe_json: dict[str, Any],
         index: int | None,
-        stream: np.ndarray | None,
+        stream: Any,  # its bytes, or where its tokens are (dlc.data.plan.StreamSource); None for a spare
         storage: dict[str, str],
         syncer: Any,
         incarnation: int = 0,
@@ -134,7 +134,7 @@ class LearnerWorker:
             raise UserError(self.backend_error)
         return dict(self.device)
 
-    def take_slot(self, index: int, stream: np.ndarray, incarnation: int) -> int:
+    def take_slot(self, index: int, stream: Any, incarnation: int) -> int:
         """A hot spare becomes learner `index` (a new incarnation) with its data stream; returns its pid."""
         if self.index is not None:
             raise RuntimeError(f"learner {self.index} is no spare")

@@ -17,10 +17,10 @@ from typing import Any
 from dlc.algo import get_algorithm
 from dlc.algo.protocol import LearnerSync, Syncer
 from dlc.config.schema import Recipe
-from dlc.core.data import Split
 from dlc.core.evaluate import Evaluator
 from dlc.core.learner import Learner
 from dlc.core.model import flatten_params, unflatten_params
+from dlc.data.plan import DataPlan
 from dlc.net.transport import RemoteMethod, Transport
 
 
@@ -52,7 +52,7 @@ class InProcessRun:
     def __init__(
         self,
         recipe: Recipe,
-        split: Split,
+        data: DataPlan,
         step_time_s: float = 0.1,
         paces_s: Sequence[float] | None = None,
         starts_s: Sequence[float] | None = None,
@@ -71,7 +71,7 @@ class InProcessRun:
         self._next_s = [start + pace for start, pace in zip(starts, self.paces_s, strict=True)]
         self._frozen: dict[int, tuple[float, float]] = {}
         self._never = threading.Event()  # the stop a step is given: the twin stops between steps
-        self.learners = [Learner(recipe, i, split.streams[i]) for i in range(count)]
+        self.learners = [Learner(recipe, i, data.streams[i]) for i in range(count)]
         # Host copies: the learners' own arrays are donated to their next step.
         self.initial = flatten_params(self.learners[0].params)
         self.like = unflatten_params(self.initial, self.learners[0].params)
@@ -82,7 +82,7 @@ class InProcessRun:
             self.syncs.append(algorithm.learner_sync(recipe, learner, Transport(), upstream))
             self.syncer.join(learner.index)
         self.down = Transport()
-        self.evaluator = Evaluator(recipe, self.learners[0].graphdef, split.eval_bytes)
+        self.evaluator = Evaluator(recipe, self.learners[0].graphdef, data.eval)
 
     def _deliver(self, learner: int, message: Any) -> int:
         return self.down.send(_Call(self.syncs[learner].receive), message)

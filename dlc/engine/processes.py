@@ -11,7 +11,6 @@ import contextlib
 import time
 from typing import Any
 
-import numpy as np
 import ray
 
 from dlc.config.schema import Recipe
@@ -41,9 +40,9 @@ class Processes:
         options = {**devices.syncer_setup(self.recipe).ray_options(self.inherited), **self.placement.syncer()}
         return SyncerActor.options(**options).remote(self.recipe_json, self.run_dir, self.storage)
 
-    def evaluator(self, eval_bytes: np.ndarray) -> Any:
+    def evaluator(self, held_out: Any) -> Any:
         options = {**devices.evaluator_setup(self.recipe).ray_options(self.inherited), **self.placement.evaluator()}
-        return EvaluatorActor.options(**options).remote(self.recipe_json, ray.put(eval_bytes))
+        return EvaluatorActor.options(**options).remote(self.recipe_json, ray.put(held_out))
 
     def learner(self, index: int, stream: Any, syncer: Any, incarnation: int = 0) -> Any:
         """Learner `index` reading `stream` (an ObjectRef) and pushing to `syncer`, as its `incarnation`-th process."""

@@ -8,14 +8,15 @@ from dlc.algo.decoupled.learner import SentRecord
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
-from dlc.core.data import load_corpus, split_corpus
+from dlc.data.corpus import load_corpus, split_corpus
+from dlc.data.plan import DataPlan
 from dlc.engine.local import InProcessRun
 from tests.fakes import Direct
 from tests.helpers import twin_recipe
 
 
 def make_run(recipe: Recipe) -> InProcessRun:
-    split = split_corpus(load_corpus(recipe.data), recipe.data, recipe.learners.count, 0, 2048)
+    split = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, recipe.learners.count, 0, 2048))
     return InProcessRun(recipe, split)
 
 

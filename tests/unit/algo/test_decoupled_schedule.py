@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from dlc.algo.decoupled.schedule import Schedule
-from dlc.core.data import load_corpus, split_corpus
+from dlc.data.corpus import load_corpus, split_corpus
+from dlc.data.plan import DataPlan
 from dlc.engine.local import InProcessRun
 from tests.helpers import twin_recipe
 
@@ -22,7 +23,7 @@ APART = [0.0, 0.73, 1.41, 2.19]  # 7, 14 and 22 steps of 0.1 s behind the first
 
 def make(starts_s=None, paces_s=None, **syncer) -> InProcessRun:
     recipe = twin_recipe(learners=LEARNERS, **syncer)
-    split = split_corpus(load_corpus(recipe.data), recipe.data, LEARNERS, 0, 2048)
+    split = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, LEARNERS, 0, 2048))
     return InProcessRun(recipe, split, paces_s=paces_s, starts_s=starts_s)
 
 

@@ -63,7 +63,7 @@ def test_wall_time_only_needs_schedule_length():
     with pytest.raises(UserError, match="set inner.schedule_steps"):
         load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_wall_s=60"])
     r = load_recipe(REPO / "recipes/tiny.yaml", ["run.max_steps=null", "run.max_tokens=40960"])
-    # 40960 tokens / (4 learners * 16 sequences * 64 bytes per step) = 10 steps per learner
+    # 40960 tokens / (4 learners * 16 sequences * 64 tokens per step) = 10 steps per learner
     assert r.schedule_steps() == 10
 
 
@@ -75,7 +75,7 @@ def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(UserError, match="not valid YAML"):
         load_recipe(bad)
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
-    with pytest.raises(UserError, match="must be a mapping"):
+    with pytest.raises(UserError, match="bare list .* not a mapping of sections"):
         load_recipe(tmp_path / "list.yaml")
 
 

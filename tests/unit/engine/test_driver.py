@@ -122,5 +122,5 @@ def test_a_resumed_run_counts_the_earlier_runs_time_and_keeps_its_first_loss(fil
 
     for name, content in files.items():
         (tmp_path / name).write_text(json.dumps(content))
-    driver = Driver(Recipe(), RunDir(tmp_path, ""), resume=True, split=None, view=ProgressView(log_every_steps=50))
+    driver = Driver(Recipe(), RunDir(tmp_path, ""), resume=True, data=None, view=ProgressView(log_every_steps=50))
     assert driver.prior_wall_s == wall_s and driver.evals.initial == initial

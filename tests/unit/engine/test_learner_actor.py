@@ -15,7 +15,7 @@ import pytest
 from dlc.algo.decoupled.messages import FragmentRequest, Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
-from dlc.core.data import ByteStream
+from dlc.data.corpus import ByteStream
 from dlc.engine import uplinks
 from dlc.engine.learner_actor import LearnerWorker
 from dlc.engine.syncer_actor import SyncerWorker

@@ -22,6 +22,8 @@ import numpy as np
 from dlc.config.workload import DataConfig
 from dlc.errors import UserError
 
+BYTE_VOCAB = 256  # a model trained on a byte corpus reads and predicts raw bytes
+
 # Directories under the standard library that hold tests or third-party packages.
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 

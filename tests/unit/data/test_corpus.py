@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from dlc.config.workload import DataConfig
-from dlc.core.data import ByteStream, eval_batches, load_corpus, split_corpus, stdlib_files, text_files
+from dlc.data.corpus import ByteStream, eval_batches, load_corpus, split_corpus, stdlib_files, text_files
 from dlc.errors import UserError
 
 

@@ -1,0 +1,1 @@
+"""Training data: the byte corpus read into memory, tokenizers, and prepared token shards on disk."""

@@ -15,6 +15,7 @@ import typer
 
 from dlc.cli.bandwidth import bandwidth_command
 from dlc.cli.chaos import chaos_command
+from dlc.cli.prepare import prepare_command
 from dlc.cli.process import mark_ends_with_command
 from dlc.cli.simulate import simulate_command
 from dlc.cli.train import train_command
@@ -57,6 +58,7 @@ app.command("train", context_settings={"allow_extra_args": False})(guarded(train
 for _name, _command in (
     ("status", status_command),
     ("report", report_command),
+    ("prepare", prepare_command),
     ("chaos", chaos_command),
     ("simulate", simulate_command),
     ("bandwidth", bandwidth_command),

@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dlc.cli.process import ends_with_command
 from dlc.errors import UserError
+
+if TYPE_CHECKING:
+    from dlc.config.schema import Recipe
 
 
 def train_command(
@@ -53,6 +57,7 @@ def train_command(
 
             plan = load_plan(resolve_plan_path(chaos))
             plan.check_learners(range(loaded.learners.count))
+        _prepare_on_first_use(loaded)
         from dlc.core.threads import limit_xla_threads
 
         learners = loaded.learners
@@ -94,3 +99,25 @@ def _end_after_a_cut_start() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)
+
+
+def _prepare_on_first_use(recipe: Recipe) -> None:
+    """The dataset data.prepare describes, prepared before anything starts, with `dlc prepare`'s progress bar."""
+    from dlc.data.plan import ensure_prepared, needs_preparing
+
+    if not needs_preparing(recipe):
+        return
+    from dlc.cli.prepare import PrepareProgress, summary
+
+    data = recipe.data
+    assert data.prepare is not None and data.path is not None
+    typer.echo(
+        f"{data.path} holds no dataset yet: preparing it from {', '.join(data.prepare.sources)} "
+        f"({data.prepare.tokenizer}), once",
+        err=True,
+    )
+    started = time.monotonic()
+    with PrepareProgress() as progress:
+        manifest = ensure_prepared(recipe, on_progress=progress.update)
+    if manifest is not None:
+        typer.echo(summary(manifest, Path(data.path), time.monotonic() - started), err=True)

@@ -67,8 +67,8 @@ def eval_bytes_per_token(source: EvalSource) -> float:
     return source.bytes_per_token if isinstance(source, EvalSpec) else 1.0
 
 
-def ensure_prepared(recipe: Recipe, on_progress: Callable[..., Any] | None = None) -> bool:
-    """Prepare data.path from data.prepare when it holds no dataset yet (one process at a time); True if it did."""
+def needs_preparing(recipe: Recipe) -> bool:
+    """data.prepare describes a dataset that data.path does not hold yet."""
     data = recipe.data
     if data.source != "prepared" or data.prepare is None or data.path is None:
         return False
@@ -76,6 +76,17 @@ def ensure_prepared(recipe: Recipe, on_progress: Callable[..., Any] | None = Non
     if (path / MANIFEST_FILE).is_file():
         _same_tokenizer(read_manifest(path), data.prepare.tokenizer, data.path)
         return False
+    return True
+
+
+def ensure_prepared(recipe: Recipe, on_progress: Callable[..., Any] | None = None) -> Manifest | None:
+    """Prepare data.path from data.prepare when it holds no dataset yet, one process at a time; the
+    manifest of what it prepared, or None when there was nothing to do."""
+    data = recipe.data
+    if not needs_preparing(recipe):
+        return None
+    assert data.path is not None and data.prepare is not None
+    path = Path(data.path).expanduser()
     from filelock import FileLock
 
     from dlc.data.prepare import prepare
@@ -83,8 +94,8 @@ def ensure_prepared(recipe: Recipe, on_progress: Callable[..., Any] | None = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         if (path / MANIFEST_FILE).is_file():  # another run prepared it while this one waited
-            return False
-        prepare(
+            return None
+        return prepare(
             data.prepare.sources,
             path,
             tokenizer=data.prepare.tokenizer,
@@ -93,7 +104,6 @@ def ensure_prepared(recipe: Recipe, on_progress: Callable[..., Any] | None = Non
             seed=recipe.run.seed,
             on_progress=on_progress,
         )
-    return True
 
 
 def _same_tokenizer(manifest: Manifest, wanted: str, path: str) -> None:

@@ -54,11 +54,12 @@ def count_params(model: dict[str, Any]) -> int | None:
     try:
         sizes = {key: int(model[key]) for key in ("width", "num_layers", "context_len", "mlp_ratio")}
         tied = bool(model.get("tie_embeddings", True))
+        vocab = None if model.get("vocab_size") is None else int(model["vocab_size"])
     except (KeyError, TypeError, ValueError):
         return None
     # Not validated: a recorded recipe is read as it is, like the rest of a run directory, and a
     # section an older dlc wrote still gets its count. The other fields take their defaults.
-    return param_count(ModelConfig.model_construct(**sizes, tie_embeddings=tied))
+    return param_count(ModelConfig.model_construct(**sizes, tie_embeddings=tied, vocab_size=vocab))
 
 
 def dp_equivalent_bytes(params: int | None, learner_steps: int) -> int | None:

@@ -1,8 +1,10 @@
 """End to end on the real CLI: a run directory resumes after Ctrl-C, damage is reported.
 
-That tiny trains as the README's quick start says is checked on the calm run of tests/e2e/test_train_tiny.py."""
+That tiny trains as the README's quick start says is checked on the calm run of tests/e2e/test_train_tiny.py;
+the Ctrl-C run here trains tiny-bpe, whose dataset its first start prepares."""
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
+    REPO,
     TINY,
     assert_user_error,
     kill_tree,
@@ -26,8 +29,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):
-    run_dir = tmp_path / "r"
-    args = (str(TINY), f"run.dir={run_dir}", "learners.count=2", "run.max_steps=200", "checkpoint.every_steps=1000")
+    run_dir, dataset = tmp_path / "r", tmp_path / "bpe"
+    args = (
+        str(REPO / "recipes" / "tiny-bpe.yaml"),
+        f"run.dir={run_dir}",
+        f"data.path={dataset}",  # prepared by the first start, from dlc's own sources: a few seconds
+        f"data.prepare.sources=[{REPO}/dlc/**/*.py]",
+        "data.prepare.tokenizer=bpe:512",
+        "learners.count=2",
+        "run.max_steps=200",
+        "checkpoint.every_steps=1000",
+    )
     proc = start_train(*args)
     try:
         wait_for_step(run_dir, 50, proc, timeout_s=300)
@@ -41,6 +53,9 @@ def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):
     assert first["status"] == "interrupted" and 50 <= first["steps"] < 200
     stopped_at = {row["id"]: row["step"] for row in first["learners"]}
     assert all(row["data_position"] == row["step"] for row in first["learners"])
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    prepared_at = (dataset / "manifest.json").stat().st_mtime_ns
+    assert manifest["tokenizer"]["spec"] == "bpe:512" and manifest["train"]["tokens"] > 100_000
 
     result = run_cli("train", *args, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -55,8 +70,15 @@ def test_ctrl_c_checkpoints_and_rerun_resumes(tmp_path):
     assert final["status"] == "completed" and [row["step"] for row in final["learners"]] == [200, 200]
     assert all(row["data_position"] == 200 for row in final["learners"])
     assert final["rounds"] > restored["rounds_closed"]
-    # The initial loss is the run's, not the resumed model's.
+    # The initial loss is the run's, not the resumed model's: a uniform guess over the dataset's tokens.
     assert final["eval_loss_initial"] == first["eval_loss_initial"]
+    assert abs(first["eval_loss_initial"] - math.log(manifest["tokenizer"]["vocab_size"])) < 0.1
+    # The model took its vocabulary from the dataset, which the second start read as it was.
+    assert f"vocab_size: {manifest['tokenizer']['vocab_size']}" in (run_dir / "recipe.yaml").read_text()
+    assert (dataset / "manifest.json").stat().st_mtime_ns == prepared_at
+    # Bits per byte of the held-out text: the loss per token over the bytes each token stands for.
+    per_token = manifest["eval"]["text_bytes"] / manifest["eval"]["tokens"]
+    assert final["eval_bpb_final"] == pytest.approx(final["eval_loss_final"] / math.log(2) / per_token, rel=1e-3)
     # Train steps are logged every 50 per learner: after the resume none is repeated.
     for learner in (0, 1):
         steps = [

@@ -8,6 +8,7 @@ import gc
 import socket
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ import pytest
 from dlc.algo.decoupled.messages import FragmentRequest, Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
-from dlc.data.corpus import ByteStream
+from dlc.data.plan import open_stream
+from dlc.data.tokens import StreamSpec
 from dlc.engine import uplinks
 from dlc.engine.learner_actor import LearnerWorker
 from dlc.engine.syncer_actor import SyncerWorker
@@ -77,11 +79,26 @@ def test_a_learner_with_no_peer_to_copy_starts_from_the_global_fragments(tmp_pat
     syncer.close()
 
 
-def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(tmp_path):
-    recipe = load_recipe(TINY, ["learners.count=2", "syncer.fragments=2"])
+def two_streams(kind: str, tmp_path) -> tuple[list[Any], list[str]]:
+    """Two learners' data: bytes held in memory, or their shares of a dataset prepared here."""
+    if kind == "bytes":
+        return [np.random.default_rng(i).integers(0, 256, 200_000, dtype=np.uint8) for i in range(2)], []
+    from dlc.data.prepare import prepare
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(40):
+        (texts / f"{i}.txt").write_text(f"document {i}: " + "".join(chr(33 + (i * j) % 90) for j in range(10_000)))
+    prepare([str(texts)], tmp_path / "ds", tokenizer="bytes", eval_fraction=0.1, workers=1)
+    return [StreamSpec(str(tmp_path / "ds"), i, 2, 1024) for i in range(2)], ["model.vocab_size=257"]
+
+
+@pytest.mark.parametrize("kind", ["bytes", "prepared"])
+def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(kind, tmp_path):
+    streams, vocab = two_streams(kind, tmp_path)
+    recipe = load_recipe(TINY, ["learners.count=2", "syncer.fragments=2", *vocab])
     recipe_json = recipe.model_dump(mode="json")
     no_syncer = SimpleNamespace(push=Direct(lambda push: None))
-    streams = [np.random.default_rng(i).integers(0, 256, 200_000, dtype=np.uint8) for i in range(2)]
     storage = marked_storage(tmp_path)
     peer = LearnerWorker(recipe_json, 0, streams[0], storage, no_syncer)
     for _ in range(5):
@@ -94,7 +111,7 @@ def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(t
     where = rejoined.import_state(state, 3)
     assert where == {**where, "peer": 0, "step": 5, "data_position": 3}  # the peer's step, its own position
     # Its next batch is the fourth of its own stream: nothing of its shard repeated or skipped.
-    own = ByteStream(streams[1], recipe.learners.batch_size, recipe.learners.seq_len, position=3).next_batch()
+    own = open_stream(streams[1], recipe.learners.batch_size, recipe.learners.seq_len, position=3).next_batch()
     for got, expected in zip(rejoined.learner.stream.next_batch(), own, strict=True):
         np.testing.assert_array_equal(got, expected)
 

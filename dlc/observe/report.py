@@ -43,6 +43,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("learners", _fmt(len(s.get("learners") or []))),
         ("devices", _fmt(device_summary([r.get("device") for r in s.get("learners") or []]) or run.devices)),
         ("parameters", _fmt(run.params)),
+        ("data", _fmt(run.data)),
         ("steps (mean per learner)", _fmt(s.get("steps", s.get("step")), 1)),
         ("tokens", _fmt(tokens)),
         ("wall time", fmt_duration(wall)),

@@ -37,6 +37,7 @@ class RunData:
     chaos: list[dict[str, Any]] = field(default_factory=list)
     t0: float = 0.0
     devices: str | None = None  # learners per device, from learner_started events (runs whose rows lack it)
+    data: str | None = None  # what it trained on and how it was tokenized, from run_started
 
     @property
     def params(self) -> int | None:
@@ -61,6 +62,10 @@ def load_run(path: Path, label: str) -> RunData:
         run.chaos = [entry for e in events if (entry := lifecycle_entry(e)) is not None]
     starts = [e["t"] for e in events if e.get("kind") == "run_started" and isinstance(e.get("t"), int | float)]
     stamps = [m["t"] for m in metrics if isinstance(m.get("t"), int | float)]
+    started = next((e for e in reversed(events) if e.get("kind") == "run_started" and e.get("tokenizer")), None)
+    if started is not None:
+        vocab = (run.recipe.get("model") or {}).get("vocab_size")
+        run.data = f"{started.get('data')} ({started['tokenizer']}" + (f", {vocab:,} tokens)" if vocab else ")")
     run.t0 = min(starts or stamps or [0.0])
     for m in metrics:
         if not isinstance(m.get("t"), int | float):

@@ -134,3 +134,19 @@ def test_the_table_says_which_devices_the_learners_trained_on(tmp_path):
         for i in range(4):
             f.write(json.dumps({"t": T0 + 11, "kind": "learner_started", "learner": i, "device": h100}) + "\n")
     assert dict(table_rows(load_run(older, "older")))["devices"] == f"4 x {h100}"
+
+
+def test_the_table_says_what_the_run_trained_on_and_its_vocabulary(tmp_path):
+    from dlc.observe.report import table_rows
+
+    run = finished_run(tmp_path / "bpe")
+    assert dict(table_rows(load_run(run, "bpe")))["data"] == "-"  # a run from before tokenizers were recorded
+    with open(run / "events.jsonl", "a") as f:
+        f.write(
+            json.dumps({"t": T0 + 1, "kind": "run_started", "data": "/d/stdlib-bpe", "tokenizer": "bpe:4096"}) + "\n"
+        )
+    recipe = (run / "recipe.yaml").read_text()
+    (run / "recipe.yaml").write_text(recipe.replace("vocab_size: null", "vocab_size: 4096"))
+    rows = dict(table_rows(load_run(run, "bpe")))
+    assert rows["data"] == "/d/stdlib-bpe (bpe:4096, 4,096 tokens)"
+    assert rows["parameters"] == "465,280"  # tiny with 4,096 embeddings instead of 256

@@ -170,6 +170,7 @@ RECIPE_CASES = [
     ("data-prepared-without-path", ["data.source=prepared"], ["data.source=prepared needs data.path"]),
     ("data-prepared-missing", ["data.source=prepared", "data.path=/none/ds"], ["/none/ds", "dlc prepare"]),
     ("data-path-for-bytes", ["data.path=/tmp/ds"], ["data.path is read only with data.source=prepared"]),
+    ("data-path-a-url", ["data.source=prepared", "data.path=gs://bucket/ds"], ["gs://bucket/ds", "is a URL", "mounts"]),
     ("model-vocab-below-bytes", ["model.vocab_size=100"], ["model.vocab_size=100", "256 tokens"]),
     ("learners-count-bool", ["learners.count=true"], ["learners.count=true", "not a number"]),
     ("learners-batch-beyond-memory", ["learners.batch_size=100000"], ["of memory", "batch 100000"]),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from dlc.config.schema import Recipe
 from dlc.data.corpus import BYTE_VOCAB, ByteStream, Split, eval_batches, load_corpus, split_corpus
 from dlc.data.manifest import MANIFEST_FILE, Manifest, read_manifest
-from dlc.data.tokens import EvalSpec, StreamSpec, TokenStream, open_dataset, token_eval_batches
+from dlc.data.tokens import EvalSpec, StreamSpec, TokenStream, local_path, open_dataset, token_eval_batches
 from dlc.errors import UserError
 
 StreamSource = np.ndarray | StreamSpec  # a learner's bytes, or where its tokens are
@@ -72,7 +71,7 @@ def needs_preparing(recipe: Recipe) -> bool:
     data = recipe.data
     if data.source != "prepared" or data.prepare is None or data.path is None:
         return False
-    path = Path(data.path).expanduser()
+    path = local_path(data.path)
     if (path / MANIFEST_FILE).is_file():
         _same_tokenizer(read_manifest(path), data.prepare.tokenizer, data.path)
         return False
@@ -86,7 +85,7 @@ def ensure_prepared(recipe: Recipe, on_progress: Callable[..., Any] | None = Non
     if not needs_preparing(recipe):
         return None
     assert data.path is not None and data.prepare is not None
-    path = Path(data.path).expanduser()
+    path = local_path(data.path)
     from filelock import FileLock
 
     from dlc.data.prepare import prepare
@@ -145,7 +144,7 @@ def planned_vocab(recipe: Recipe) -> Recipe:
     data = recipe.data
     if data.source != "prepared" or recipe.model.vocab_size is not None or data.path is None:
         return recipe
-    if (Path(data.path).expanduser() / MANIFEST_FILE).is_file():
+    if (local_path(data.path) / MANIFEST_FILE).is_file():
         return resolve_data(recipe)[0]
     spec = data.prepare.tokenizer if data.prepare else ""
     size = int(spec[4:]) if spec.startswith("bpe:") and spec[4:].isdigit() else None
@@ -168,8 +167,7 @@ def plan_data(recipe: Recipe, manifest: Manifest | None = None) -> DataPlan:
         corpus = load_corpus(recipe.data)
         return DataPlan.of_bytes(split_corpus(corpus, recipe.data, count, recipe.run.seed, batch * (seq_len + 1) * 2))
     assert recipe.data.path is not None
-    path, manifest = open_dataset(recipe.data.path) if manifest is None else (Path(recipe.data.path), manifest)
-    path = path.expanduser().resolve()
+    path, manifest = open_dataset(recipe.data.path) if manifest is None else (local_path(recipe.data.path), manifest)
     streams = tuple(StreamSpec(str(path), i, count, recipe.data.block_tokens) for i in range(count))
     for spec in streams:
         TokenStream(spec, batch, seq_len)  # refuses a stream shorter than one batch, before anything starts

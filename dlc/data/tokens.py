@@ -78,9 +78,22 @@ def check_shards(path: Path, manifest: Manifest) -> None:
                 )
 
 
+def local_path(path: str | Path, what: str = "data.path") -> Path:
+    """A dataset's directory as an absolute local path: file:///abs/path is one, other URLs are refused."""
+    text = str(path)
+    if text.startswith("file://"):
+        text = text.removeprefix("file://")
+    elif "://" in text:
+        raise UserError(
+            f"{what}={text!r} is a URL: learners memory-map a prepared dataset, so it must be a local path or one "
+            "every node mounts at the same place (NFS, a parallel filesystem): copy it there and point at the copy"
+        )
+    return Path(text).expanduser().resolve()
+
+
 def open_dataset(path: str | Path, what: str = "data.path") -> tuple[Path, Manifest]:
     """The dataset's absolute directory and its manifest, its shards checked."""
-    directory = Path(path).expanduser().resolve()
+    directory = local_path(path, what)
     manifest = read_manifest(directory, what)
     check_shards(directory, manifest)
     if not manifest.train.tokens:

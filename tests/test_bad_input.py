@@ -201,7 +201,7 @@ def test_train_refuses_a_bad_recipe_before_anything_is_written(overrides, fragme
     assert not run.exists()
 
 
-def recipe_file(text: str) -> Callable[[Path], Path]:
+def recipe_text(text: str) -> Callable[[Path], Path]:
     def write(tmp: Path) -> Path:
         (tmp / "recipe.yaml").write_text(text)
         return tmp / "recipe.yaml"
@@ -212,11 +212,11 @@ def recipe_file(text: str) -> Callable[[Path], Path]:
 # (case, the recipe argument given a scratch directory, fragments)
 RECIPE_PATH_CASES: list[tuple[str, Callable[[Path], Path], list[str]]] = [
     ("recipe-is-a-folder", lambda tmp: tmp, ["is a directory", "give a recipe file inside it"]),
-    ("recipe-empty", recipe_file(""), ["recipe.yaml", "is empty", "recipes/tiny.yaml"]),
-    ("recipe-only-comments", recipe_file("# learners: 4\n\n"), ["recipe.yaml", "is empty"]),
-    ("recipe-a-bare-zero", recipe_file("0\n"), ["recipe.yaml", "bare int", "not a mapping of sections"]),
-    ("recipe-a-bare-string", recipe_file("tiny\n"), ["recipe.yaml", "bare str", "'tiny'"]),
-    ("recipe-a-list", recipe_file("- run\n"), ["recipe.yaml", "bare list"]),
+    ("recipe-empty", recipe_text(""), ["recipe.yaml", "is empty", "recipes/tiny.yaml"]),
+    ("recipe-only-comments", recipe_text("# learners: 4\n\n"), ["recipe.yaml", "is empty"]),
+    ("recipe-a-bare-zero", recipe_text("0\n"), ["recipe.yaml", "bare int", "not a mapping of sections"]),
+    ("recipe-a-bare-string", recipe_text("tiny\n"), ["recipe.yaml", "bare str", "'tiny'"]),
+    ("recipe-a-list", recipe_text("- run\n"), ["recipe.yaml", "bare list"]),
 ]
 
 

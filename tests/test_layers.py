@@ -19,6 +19,7 @@ LAYERS = (
     "dlc.algo",  # decoupled, blocking, none
     "dlc.observe",  # status, dashboard, report, goodput, snapshots
     "dlc.plan",  # simulate, bandwidth
+    "dlc.use",  # a trained model read back from a run: sample
     "chaos",
     "dlc.engine",  # Ray
     "dlc.train",

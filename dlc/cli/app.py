@@ -17,6 +17,7 @@ from dlc.cli.bandwidth import bandwidth_command
 from dlc.cli.chaos import chaos_command
 from dlc.cli.prepare import prepare_command
 from dlc.cli.process import mark_ends_with_command
+from dlc.cli.sample import sample_command
 from dlc.cli.simulate import simulate_command
 from dlc.cli.train import train_command
 from dlc.cli.view import report_command, status_command
@@ -59,6 +60,7 @@ for _name, _command in (
     ("status", status_command),
     ("report", report_command),
     ("prepare", prepare_command),
+    ("sample", sample_command),
     ("chaos", chaos_command),
     ("simulate", simulate_command),
     ("bandwidth", bandwidth_command),

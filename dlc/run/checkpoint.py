@@ -71,3 +71,39 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def read_checkpoint(directory: Path | epath.Path, step: int | None = None) -> tuple[Any, dict[str, Any], int]:
+    """(tree, record, step) of checkpoint `step` (default: the newest) in `directory`, read as saved.
+
+    For readers of a run (`dlc sample`): nothing is created or removed, and a run still training may
+    be read, since orbax renames a checkpoint into place only once it is complete.
+    """
+    if not directory.is_dir():
+        raise UserError(f"no checkpoint in {directory}: the run has not saved one yet")
+    absl = logging.getLogger("absl")
+    level, absl.level = absl.level, logging.ERROR  # orbax warns that a read-only manager saves nothing
+    try:
+        manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+    finally:
+        absl.setLevel(level)
+    try:
+        steps = sorted(manager.all_steps())
+        if not steps:
+            raise UserError(f"no checkpoint in {directory}: the run has not saved one yet")
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise UserError(f"no checkpoint {step} in {directory}: it holds {', '.join(map(str, steps))}")
+        try:
+            restored = manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
+            )
+        except Exception as exc:  # orbax raises many types for a damaged or foreign checkpoint
+            raise UserError(
+                f"checkpoint {directory / str(step)} is unreadable ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'})"
+            ) from None
+        return restored["state"], dict(restored["meta"]), step
+    finally:
+        manager.close()

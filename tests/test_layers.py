@@ -19,7 +19,7 @@ LAYERS = (
     "dlc.algo",  # decoupled, blocking, none
     "dlc.observe",  # status, dashboard, report, goodput, snapshots
     "dlc.plan",  # simulate, bandwidth
-    "dlc.use",  # a trained model read back from a run: sample
+    "dlc.use",  # a trained model read back from a run: sample, eval
     "chaos",
     "dlc.engine",  # Ray
     "dlc.train",

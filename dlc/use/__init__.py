@@ -1,1 +1,1 @@
-"""What is done with a trained model afterwards: read back from a run's checkpoints, then sampled."""
+"""What is done with a trained model afterwards: read back from a run's checkpoints, sampled, evaluated."""

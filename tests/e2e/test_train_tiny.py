@@ -80,3 +80,17 @@ def test_four_learners_merge_and_learn(calm_run):
     # 200 while training (its loop stood still for them), and productive time.
     assert summary["badput"]["dead"] == 0 and summary["badput"]["stalled"] == 0 and summary["goodput"] > 0.5
     assert summary["badput"]["checkpoint"] > 0
+
+
+def test_the_finished_runs_model_samples_and_scores_as_the_run_said(calm_run):
+    from tests.helpers import invoke
+
+    summary = json.loads((calm_run / "summary.json").read_text())
+    scored = invoke("eval", str(calm_run))
+    assert scored.exit_code == 0, scored.stderr
+    result = json.loads(scored.stdout.strip().splitlines()[-1])
+    # The global model put back together from the syncer's last checkpoint is the one the run scored last.
+    assert abs(result["loss"] - summary["eval_loss_final"]) < 1e-3
+    assert abs(result["bits_per_byte"] - summary["eval_bpb_final"]) < 1e-3
+    sampled = invoke("sample", str(calm_run), "--prompt", "import ", "-n", "20", "-t", "0")
+    assert sampled.exit_code == 0 and sampled.stdout.startswith("import ") and len(sampled.stdout) > 10

@@ -5,6 +5,8 @@ and the learners save them, holding a model whose values the test knows."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +19,19 @@ from dlc.run.checkpoint import Checkpointer
 from dlc.use.run_model import load_run_model
 from tests.helpers import TINY, assert_user_error, invoke
 
-SMALL = ["model.width=32", "model.num_layers=2", "model.num_heads=2", "learners.count=2", "syncer.fragments=6"]
+SMALL = [
+    "model.width=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "learners.count=2",
+    "syncer.fragments=6",
+    "data.max_corpus_bytes=300000",
+    "data.block_bytes=1024",
+]
 
 
 def write_run(path: Path, *overrides: str, seed: int = 3, syncer_steps: tuple[int, ...] = (10, 20)) -> dict:
-    """A run directory whose syncer checkpoints hold the model built from `seed` (plus the step, so
+    """A run directory whose syncer checkpoints hold the model built from `seed` (plus step / 1000, so
     checkpoints differ) and whose learner 1 checkpoint holds the model from seed + 1."""
     recipe = load_recipe(TINY, [*SMALL, f"run.dir={path}", *overrides])
     path.mkdir(parents=True)
@@ -30,7 +40,7 @@ def write_run(path: Path, *overrides: str, seed: int = 3, syncer_steps: tuple[in
     models = {}
     syncer = Checkpointer(path / "checkpoints" / "syncer", keep=3)
     for step in syncer_steps:
-        flat = {k: v + step for k, v in flatten_params(build_model(recipe.model, seed)[1]).items()}
+        flat = {k: v + step / 1000 for k, v in flatten_params(build_model(recipe.model, seed)[1]).items()}
         theta = {str(p): plan.gather(flat, p) for p in range(plan.num_fragments)}
         syncer.save(step, {"theta": theta, "momentum": theta}, {"plan": plan.fingerprint(), "versions": [0]})
         models[step] = flat
@@ -95,3 +105,57 @@ def test_a_run_without_a_checkpoint_yet_or_a_global_model_is_refused(tmp_path):
     assert_user_error(invoke("sample", str(tmp_path / "early")), "no checkpoint in", "has not saved one yet")
     write_run(tmp_path / "none", "algorithm=none", syncer_steps=())
     assert_user_error(invoke("sample", str(tmp_path / "none")), "algorithm=none", "pass --learner I")
+
+
+def last_json(result) -> dict:
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_eval_scores_the_held_out_split_as_the_runs_evaluations_do(tmp_path):
+    from dlc.core.evaluate import Evaluator
+    from dlc.data.plan import plan_data
+
+    write_run(tmp_path / "run")
+    model = load_run_model(tmp_path / "run")
+    graphdef, _ = build_model(model.recipe.model, 0)
+    expected, expected_bpb = Evaluator(model.recipe, graphdef, plan_data(model.recipe).eval)(model.params)
+    result = last_json(invoke("eval", str(tmp_path / "run")))
+    assert result["loss"] == pytest.approx(expected, abs=1e-5)
+    assert result["bits_per_byte"] == pytest.approx(expected_bpb, abs=1e-5)
+    assert result["data"] == "the run's held-out split" and result["bytes_per_token"] == 1.0
+
+
+def test_eval_reads_any_text_with_the_runs_tokenizer(tmp_path):
+    write_run(tmp_path / "run")
+    (tmp_path / "a.txt").write_text("héllo world " * 100)  # 1,300 bytes: 20 windows of 64, 16 to a batch
+    result = last_json(invoke("eval", str(tmp_path / "run"), "--data", str(tmp_path / "a.txt")))
+    assert result["tokens"] == 20 * 64 and result["bytes_per_token"] == 1.0
+    assert result["bits_per_byte"] == pytest.approx(result["loss"] / math.log(2))
+
+
+EVAL_BAD = [
+    ("data-matches-nothing", lambda tmp: ["--data", str(tmp / "none*.txt")], ["matches no"]),
+    ("data-too-short", lambda tmp: ["--data", str(_text(tmp, "short"))], ["fewer than one window"]),
+    ("dataset-of-a-larger-vocabulary", lambda tmp: ["--data", str(_bytes_dataset(tmp))], ["vocabulary of 257"]),
+]
+
+
+def _text(tmp: Path, text: str) -> Path:
+    (tmp / "t.txt").write_text(text)
+    return tmp / "t.txt"
+
+
+def _bytes_dataset(tmp: Path) -> Path:
+    from dlc.data.prepare import prepare
+
+    for i in range(20):
+        (tmp / f"d{i}.txt").write_text(f"document {i} " * 50)
+    prepare([str(tmp / "d*.txt")], tmp / "ds", tokenizer="bytes", eval_fraction=0.3, workers=1)
+    return tmp / "ds"
+
+
+@pytest.mark.parametrize(("make", "fragments"), [c[1:] for c in EVAL_BAD], ids=[c[0] for c in EVAL_BAD])
+def test_eval_refuses_bad_data_in_one_line(make, fragments, tmp_path):
+    write_run(tmp_path / "run")
+    assert_user_error(invoke("eval", str(tmp_path / "run"), *make(tmp_path)), *fragments)

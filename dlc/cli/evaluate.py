@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from dlc.cli.sample import CheckpointOption, LearnerOption, RunArgument
+
 
 def eval_command(
-    run: Annotated[
-        Path | None,
-        typer.Argument(help="Run directory. Default: the most recently updated run under ./runs.", show_default=False),
-    ] = None,
+    run: RunArgument = None,
     data: Annotated[
         list[str] | None,
         typer.Option(
@@ -25,18 +23,8 @@ def eval_command(
         ),
     ] = None,
     field: Annotated[str, typer.Option("--field", help="The text field of JSONL and Parquet --data.")] = "text",
-    checkpoint: Annotated[
-        int | None,
-        typer.Option("--checkpoint", help="Which checkpoint (its step). Default: the newest.", show_default=False),
-    ] = None,
-    learner: Annotated[
-        int | None,
-        typer.Option(
-            "--learner",
-            help="Evaluate learner I's own model. Default: the global model the syncer holds.",
-            show_default=False,
-        ),
-    ] = None,
+    checkpoint: CheckpointOption = None,
+    learner: LearnerOption = None,
 ) -> None:
     """Loss (nats per token) and bits per byte of a run's model; the last line of stdout is JSON."""
     from rich.console import Console

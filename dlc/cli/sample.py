@@ -14,11 +14,25 @@ if TYPE_CHECKING:
     from dlc.data.tokenizer import Tokenizer
 
 
+# The model a command reads from a run directory: `dlc sample` and `dlc eval` share these.
+RunArgument = Annotated[
+    Path | None,
+    typer.Argument(help="Run directory. Default: the most recently updated run under ./runs.", show_default=False),
+]
+CheckpointOption = Annotated[
+    int | None,
+    typer.Option("--checkpoint", help="Which checkpoint (its step). Default: the newest.", show_default=False),
+]
+LearnerOption = Annotated[
+    int | None,
+    typer.Option(
+        "--learner", help="Learner I's own model. Default: the global model the syncer holds.", show_default=False
+    ),
+]
+
+
 def sample_command(
-    run: Annotated[
-        Path | None,
-        typer.Argument(help="Run directory. Default: the most recently updated run under ./runs.", show_default=False),
-    ] = None,
+    run: RunArgument = None,
     prompt: Annotated[
         str,
         typer.Option(
@@ -38,18 +52,8 @@ def sample_command(
         typer.Option("--top-k", help="Sample among the k likeliest tokens only. Default: all.", show_default=False),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="The same seed gives the same text.")] = 0,
-    checkpoint: Annotated[
-        int | None,
-        typer.Option("--checkpoint", help="Which checkpoint (its step). Default: the newest.", show_default=False),
-    ] = None,
-    learner: Annotated[
-        int | None,
-        typer.Option(
-            "--learner",
-            help="Sample learner I's own model. Default: the global model the syncer holds.",
-            show_default=False,
-        ),
-    ] = None,
+    checkpoint: CheckpointOption = None,
+    learner: LearnerOption = None,
 ) -> None:
     """Generate text from a run's model, with the run's tokenizer; works while the run trains."""
     import math

@@ -16,9 +16,9 @@ def eval_command(
         list[str] | None,
         typer.Option(
             "--data",
-            help="What to evaluate on (repeatable): a prepared dataset (its held-out split), or sources as dlc "
-            "prepare reads them (text files, globs, JSONL, Parquet, ...), tokenized with the run's tokenizer. "
-            "Default: the run's own held-out split, in the windows its evaluations read.",
+            help="What to evaluate on (repeatable): another run directory or a prepared dataset (its held-out "
+            "split), or sources as dlc prepare reads them (text files, globs, JSONL, Parquet, ...), tokenized "
+            "with the run's tokenizer. Default: the run's own held-out split, in the windows its evaluations read.",
             show_default=False,
         ),
     ] = None,

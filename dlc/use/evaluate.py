@@ -24,7 +24,8 @@ from dlc.data.plan import bits_per_byte, eval_bytes_per_token, eval_windows, pla
 from dlc.data.sources import Reading, resolve_sources
 from dlc.data.tokens import TokenArray, open_dataset
 from dlc.errors import UserError
-from dlc.use.run_model import RunModel
+from dlc.run.files import is_run_dir
+from dlc.use.run_model import RunModel, run_recipe, run_tokenizer
 
 Windows = list[tuple[np.ndarray, np.ndarray]]
 
@@ -47,7 +48,19 @@ def held_out(model: RunModel) -> EvalData:
 
 
 def other_data(model: RunModel, paths: list[str], field: str) -> EvalData:
-    """A prepared dataset's held-out split (a directory with manifest.json), or sources read and tokenized here."""
+    """Another run's held-out split (a run directory), a prepared dataset's (a directory with
+    manifest.json), or sources read and tokenized here."""
+    if len(paths) == 1 and is_run_dir(Path(paths[0]).expanduser()):
+        other = run_recipe(Path(paths[0]).expanduser())
+        tokenizer, _ = run_tokenizer(other)
+        if tokenizer.spec != model.tokenizer.spec or vocab_size(other.model) > vocab_size(model.recipe.model):
+            raise UserError(
+                f"--data {paths[0]!r} is a run on {tokenizer.spec!r} tokens, the model reads {model.tokenizer.spec!r} "
+                "tokens: pass the text itself, which is tokenized the model's way"
+            )
+        plan = plan_data(other)
+        batches = eval_windows(plan.eval, other.eval.batches, other.eval.batch_size, model.recipe.learners.seq_len)
+        return EvalData(f"the held-out split of run {paths[0]}", batches, eval_bytes_per_token(plan.eval))
     if len(paths) == 1 and (Path(paths[0]).expanduser() / MANIFEST_FILE).is_file():
         directory, manifest = open_dataset(paths[0], "--data")
         embedded = vocab_size(model.recipe.model)

@@ -134,6 +134,15 @@ def test_eval_reads_any_text_with_the_runs_tokenizer(tmp_path):
     assert result["bits_per_byte"] == pytest.approx(result["loss"] / math.log(2))
 
 
+def test_eval_reads_another_runs_held_out_split(tmp_path):
+    write_run(tmp_path / "run")
+    write_run(tmp_path / "other", "run.seed=1")  # another split of the same corpus
+    own = last_json(invoke("eval", str(tmp_path / "run")))
+    other = last_json(invoke("eval", str(tmp_path / "run"), "--data", str(tmp_path / "other")))
+    assert other["data"] == f"the held-out split of run {tmp_path / 'other'}" and other["loss"] != own["loss"]
+    assert other["tokens"] == own["tokens"]  # the same windows: eval.batches x eval.batch_size x seq_len
+
+
 EVAL_BAD = [
     ("data-matches-nothing", lambda tmp: ["--data", str(tmp / "none*.txt")], ["matches no"]),
     ("data-too-short", lambda tmp: ["--data", str(_text(tmp, "short"))], ["fewer than one window"]),

@@ -170,7 +170,7 @@ def plan_data(recipe: Recipe, manifest: Manifest | None = None) -> DataPlan:
     path, manifest = open_dataset(recipe.data.path) if manifest is None else (local_path(recipe.data.path), manifest)
     streams = tuple(StreamSpec(str(path), i, count, recipe.data.block_tokens) for i in range(count))
     for spec in streams:
-        TokenStream(spec, batch, seq_len)  # refuses a stream shorter than one batch, before anything starts
+        spec.lanes(manifest.train.tokens, batch, seq_len)  # refuses a stream shorter than one batch, now
     return DataPlan(
         EvalSpec(str(path), manifest.eval.bytes_per_token),
         streams,

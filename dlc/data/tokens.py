@@ -117,6 +117,21 @@ class StreamSpec:
         num_blocks = total_tokens // self.block_tokens
         return len(range(self.index, num_blocks, self.count))
 
+    def lanes(self, total_tokens: int, batch_size: int, seq_len: int) -> tuple[int, int]:
+        """(tokens per lane, batches per epoch) of this stream read as `batch_size` lanes; UserError
+        when it holds less than one batch."""
+        length = self.blocks(total_tokens) * self.block_tokens
+        lane_len = length // batch_size
+        batches_per_epoch = max(0, (lane_len - 1) // seq_len)
+        if batches_per_epoch < 1:
+            raise UserError(
+                f"the dataset {self.path!r} is too small: {total_tokens} training tokens in blocks of "
+                f"data.block_tokens={self.block_tokens} give learner stream {self.index} of {self.count} "
+                f"{length} tokens, fewer than one batch needs ({batch_size * (seq_len + 1)}): prepare more "
+                "text, lower data.block_tokens, learners.batch_size or learners.seq_len, or use fewer learners"
+            )
+        return lane_len, batches_per_epoch
+
 
 @dataclass(frozen=True)
 class EvalSpec:
@@ -140,16 +155,7 @@ class TokenStream:
         self.spec = spec
         self.batch_size = batch_size
         self.seq_len = seq_len
-        self.length = spec.blocks(len(self.tokens)) * spec.block_tokens
-        self.lane_len = self.length // batch_size
-        self.batches_per_epoch = max(0, (self.lane_len - 1) // seq_len)
-        if self.batches_per_epoch < 1:
-            raise UserError(
-                f"the dataset {spec.path!r} is too small: {len(self.tokens)} training tokens in blocks of "
-                f"data.block_tokens={spec.block_tokens} give learner stream {spec.index} of {spec.count} "
-                f"{self.length} tokens, fewer than one batch needs ({batch_size * (seq_len + 1)}): prepare more "
-                "text, lower data.block_tokens, learners.batch_size or learners.seq_len, or use fewer learners"
-            )
+        self.lane_len, self.batches_per_epoch = spec.lanes(len(self.tokens), batch_size, seq_len)
         self.position = position
 
     def _read(self, start: int, length: int) -> np.ndarray:

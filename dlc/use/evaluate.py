@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from dlc.core.model import build_model
 from dlc.core.shapes import vocab_size
 from dlc.core.steps import make_eval_step
 from dlc.data.manifest import MANIFEST_FILE
@@ -108,8 +107,7 @@ def _windows(model: RunModel, tokens: np.ndarray) -> Windows:
 
 def evaluate(model: RunModel, data: EvalData, progress: Callable[[int, int], Any] | None = None) -> dict[str, Any]:
     """Mean cross-entropy (nats per token) over every window, and bits per byte of the text."""
-    graphdef, _ = build_model(model.recipe.model, model.recipe.run.seed)
-    step = make_eval_step(graphdef)
+    step = make_eval_step(model.graphdef)
     total, tokens = 0.0, 0
     for i, (x, y) in enumerate(data.batches):
         total += float(step(model.params, x, y)) * x.size

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from flax import nnx
 
 from dlc.config.load import recipe_from_dict
 from dlc.config.schema import Recipe
@@ -34,6 +35,7 @@ class RunModel:
     """The parameters, the recipe they were trained with, what they are, and the run's tokenizer."""
 
     recipe: Recipe
+    graphdef: nnx.GraphDef  # the model's structure: `apply_model(graphdef, params, tokens)`
     params: Params
     source: str  # e.g. "the global model of syncer checkpoint 600"
     tokenizer: Tokenizer
@@ -72,7 +74,6 @@ def load_run_model(run: Path, checkpoint: int | None = None, learner: int | None
     location = recipe.run.dir if recipe.run.dir and is_url(recipe.run.dir) else str(run.resolve())
     storage = RunStorage(location)
     graphdef, like = build_model(recipe.model, recipe.run.seed)
-    del graphdef
     if learner is not None:
         if not 0 <= learner < recipe.learners.count:
             raise UserError(f"--learner {learner}: the run has learners 0 to {recipe.learners.count - 1}")
@@ -88,7 +89,7 @@ def load_run_model(run: Path, checkpoint: int | None = None, learner: int | None
         params = _global_params(recipe, tree, meta, like, storage.syncer_dir())
         source = f"the global model of syncer checkpoint {step}"
     tokenizer, stop = run_tokenizer(recipe)
-    return RunModel(recipe, params, source, tokenizer, stop)
+    return RunModel(recipe, graphdef, params, source, tokenizer, stop)
 
 
 def _global_params(recipe: Recipe, tree: Any, meta: dict[str, Any], like: Params, where: Any) -> Params:

@@ -16,6 +16,7 @@ import typer
 from dlc.cli.bandwidth import bandwidth_command
 from dlc.cli.chaos import chaos_command
 from dlc.cli.evaluate import eval_command
+from dlc.cli.export import export_command
 from dlc.cli.prepare import prepare_command
 from dlc.cli.process import mark_ends_with_command
 from dlc.cli.sample import sample_command
@@ -63,6 +64,7 @@ for _name, _command in (
     ("prepare", prepare_command),
     ("sample", sample_command),
     ("eval", eval_command),
+    ("export", export_command),
     ("chaos", chaos_command),
     ("simulate", simulate_command),
     ("bandwidth", bandwidth_command),

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from dlc.cli.sample import CheckpointOption, LearnerOption, RunArgument
+from dlc.cli.sample import CheckpointOption, LearnerOption, ModelArgument
 
 
 def eval_command(
-    run: RunArgument = None,
+    run: ModelArgument = None,
     data: Annotated[
         list[str] | None,
         typer.Option(
@@ -30,12 +30,10 @@ def eval_command(
     from rich.console import Console
     from rich.progress import Progress
 
-    from dlc.run.files import resolve_run
     from dlc.use.evaluate import evaluate, held_out, other_data
-    from dlc.use.run_model import load_run_model
+    from dlc.use.export import load_model
 
-    path = resolve_run(run)
-    model = load_run_model(path, checkpoint, learner)
+    path, model = load_model(run, checkpoint, learner)
     target = other_data(model, data, field) if data else held_out(model)
     console = Console(stderr=True)
     console.print(f"{path}: {model.source}, on {target.name}")

@@ -14,10 +14,17 @@ if TYPE_CHECKING:
     from dlc.data.tokenizer import Tokenizer
 
 
-# The model a command reads from a run directory: `dlc sample` and `dlc eval` share these.
+# The model a command reads from a run directory (or an export): `dlc sample`, `dlc eval` and `dlc export` share these.
 RunArgument = Annotated[
     Path | None,
     typer.Argument(help="Run directory. Default: the most recently updated run under ./runs.", show_default=False),
+]
+ModelArgument = Annotated[
+    Path | None,
+    typer.Argument(
+        help="Run directory, or a directory dlc export wrote. Default: the most recently updated run under ./runs.",
+        show_default=False,
+    ),
 ]
 CheckpointOption = Annotated[
     int | None,
@@ -32,7 +39,7 @@ LearnerOption = Annotated[
 
 
 def sample_command(
-    run: RunArgument = None,
+    run: ModelArgument = None,
     prompt: Annotated[
         str,
         typer.Option(
@@ -58,8 +65,6 @@ def sample_command(
     """Generate text from a run's model, with the run's tokenizer; works while the run trains."""
     import math
 
-    from dlc.run.files import resolve_run
-
     if max_tokens < 1:
         raise UserError(f"--max-tokens={max_tokens} must be at least 1")
     if not (math.isfinite(temperature) and temperature >= 0):
@@ -69,11 +74,10 @@ def sample_command(
     if seed < 0:
         raise UserError(f"--seed={seed} must be 0 or more")
 
-    path = resolve_run(run)
     from dlc.core.decode import generate
-    from dlc.use.run_model import load_run_model
+    from dlc.use.export import load_model
 
-    model = load_run_model(path, checkpoint, learner)
+    path, model = load_model(run, checkpoint, learner)
     context = model.recipe.model.context_len
     if prompt:
         ids = [int(i) for i in model.tokenizer.encode_batch([prompt])[0]]

@@ -82,7 +82,7 @@ def test_four_learners_merge_and_learn(calm_run):
     assert summary["badput"]["checkpoint"] > 0
 
 
-def test_the_finished_runs_model_samples_and_scores_as_the_run_said(calm_run):
+def test_the_finished_runs_model_samples_scores_and_exports_as_the_run_said(calm_run, tmp_path):
     from tests.helpers import invoke
 
     summary = json.loads((calm_run / "summary.json").read_text())
@@ -94,3 +94,12 @@ def test_the_finished_runs_model_samples_and_scores_as_the_run_said(calm_run):
     assert abs(result["bits_per_byte"] - summary["eval_bpb_final"]) < 1e-3
     sampled = invoke("sample", str(calm_run), "--prompt", "import ", "-n", "20", "-t", "0")
     assert sampled.exit_code == 0 and sampled.stdout.startswith("import ") and len(sampled.stdout) > 10
+    # Exported in GPT-2's layout and read back: the same model, on the run's held-out split and in sampling.
+    exported = invoke("export", str(calm_run), "--out", str(tmp_path / "export"))
+    assert exported.exit_code == 0, exported.stderr
+    assert "as GPT2LMHeadModel with the bytes tokenizer" in exported.stdout
+    scored = invoke("eval", str(tmp_path / "export"), "--data", str(calm_run))
+    assert scored.exit_code == 0, scored.stderr
+    assert abs(json.loads(scored.stdout.strip().splitlines()[-1])["loss"] - summary["eval_loss_final"]) < 1e-3
+    again = invoke("sample", str(tmp_path / "export"), "--prompt", "import ", "-n", "20", "-t", "0")
+    assert again.exit_code == 0 and again.stdout == sampled.stdout

@@ -1,0 +1,164 @@
+"""`dlc export`: a run's model in GPT-2's Hugging Face layout, read back by dlc and by transformers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dlc.core.model import apply_model
+from dlc.use.export import CONFIG_FILE, DLC_FILE, WEIGHTS_FILE, load_export
+from dlc.use.run_model import load_run_model
+from tests.helpers import assert_user_error, invoke
+from tests.unit.use.test_run_model import write_run
+
+
+def tokens(vocab: int, context: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, vocab, size=(2, context), dtype=np.int32)
+
+
+def export(run, out, *args: str) -> None:
+    result = invoke("export", str(run), "--out", str(out), *args)
+    assert result.exit_code == 0, result.stderr
+    assert f"to {out}" in result.stdout and WEIGHTS_FILE in result.stdout
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_an_export_read_back_is_the_same_model(tied, tmp_path):
+    write_run(tmp_path / "run", f"model.tie_embeddings={str(tied).lower()}")
+    export(tmp_path / "run", tmp_path / "export")
+    original, again = load_run_model(tmp_path / "run"), load_export(tmp_path / "export")
+    assert again.recipe == original.recipe and again.stop_token == original.stop_token
+    assert again.tokenizer.spec == "bytes" and "syncer checkpoint 20" in again.source
+    x = tokens(256, again.recipe.model.context_len)
+    np.testing.assert_allclose(
+        np.asarray(apply_model(again.graphdef, again.params, x)),
+        np.asarray(apply_model(original.graphdef, original.params, x)),
+        atol=1e-5,
+    )
+    # Samples and scores as the run's own model does.
+    args = ["-p", "def ", "-n", "10", "-t", "0"]
+    assert (
+        invoke("sample", str(tmp_path / "export"), *args).stdout
+        == invoke("sample", str(tmp_path / "run"), *args).stdout
+    )
+    own = json.loads(invoke("eval", str(tmp_path / "run")).stdout.splitlines()[-1])
+    theirs = json.loads(
+        invoke("eval", str(tmp_path / "export"), "--data", str(tmp_path / "run")).stdout.splitlines()[-1]
+    )
+    assert theirs["loss"] == pytest.approx(own["loss"], abs=1e-6) and theirs["tokens"] == own["tokens"]
+
+
+def test_the_export_is_gpt2s_layout(tmp_path):
+    from safetensors.numpy import load_file
+
+    write_run(tmp_path / "run", "model.tie_embeddings=false")
+    export(tmp_path / "run", tmp_path / "export")
+    config = json.loads((tmp_path / "export" / CONFIG_FILE).read_text())
+    assert config["architectures"] == ["GPT2LMHeadModel"] and config["activation_function"] == "gelu_new"
+    assert (config["n_embd"], config["n_layer"], config["n_head"], config["n_inner"]) == (32, 2, 2, 128)
+    assert config["layer_norm_epsilon"] == 1e-6 and config["tie_word_embeddings"] is False
+    tensors = load_file(str(tmp_path / "export" / WEIGHTS_FILE))
+    block = {"ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}
+    expected = {"transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"} | {
+        f"transformer.{layer}.{part}" for layer in ("ln_f",) for part in ("weight", "bias")
+    }
+    expected |= {f"transformer.h.{i}.{m}.{part}" for i in range(2) for m in block for part in ("weight", "bias")}
+    assert set(tensors) == expected
+    assert tensors["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)  # Conv1D: [in, out]
+    assert not tensors["transformer.h.1.attn.c_attn.bias"].any()
+    assert tensors["lm_head.weight"].shape == (256, 32)
+    record = json.loads((tmp_path / "export" / DLC_FILE).read_text())
+    assert record["tokenizer"]["spec"] == "bytes" and record["recipe"]["model"]["width"] == 32
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(tmp_path / "export" / "tokenizer.json"))
+    assert hf.encode("héllo", add_special_tokens=False).ids == list("héllo".encode())
+
+
+def test_transformers_loads_the_export_and_computes_the_same_logits(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    write_run(tmp_path / "run", "model.tie_embeddings=false")
+    export(tmp_path / "run", tmp_path / "export")
+    model = load_export(tmp_path / "export")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"))
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    x = tokens(256, model.recipe.model.context_len)
+    with torch.no_grad():
+        theirs = hf(torch.tensor(x, dtype=torch.long)).logits.numpy()
+    ours = np.asarray(apply_model(model.graphdef, model.params, x))
+    np.testing.assert_allclose(theirs, ours, atol=1e-4)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    assert tokenizer("def héllo", add_special_tokens=False)["input_ids"] == list("def héllo".encode())
+
+
+def test_export_replaces_an_earlier_one_only_when_asked(tmp_path):
+    write_run(tmp_path / "run")
+    export(tmp_path / "run", tmp_path / "export", "--checkpoint", "10")
+    assert_user_error(
+        invoke("export", str(tmp_path / "run"), "--out", str(tmp_path / "export")),
+        "holds an export already",
+        "--overwrite",
+    )
+    assert "checkpoint 10" in load_export(tmp_path / "export").source
+    export(tmp_path / "run", tmp_path / "export", "--overwrite")
+    assert "checkpoint 20" in load_export(tmp_path / "export").source
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "run"]  # nothing half-written beside them
+
+
+def test_an_export_cut_short_leaves_nothing(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    write_run(tmp_path / "run")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        from dlc.use.export import export_model
+
+        export_model(load_run_model(tmp_path / "run"), tmp_path / "export")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _damage(path, name: str, data: bytes) -> None:
+    (path / name).write_bytes(data)
+
+
+BAD = [
+    ("out-is-a-file", lambda t: (t / "f").write_text("x"), ["export", "{run}", "--out", "{tmp}/f"], ["is a file"]),
+    (
+        "out-holds-other-files",
+        lambda t: (t / "d").mkdir() or (t / "d" / "notes.txt").write_text("x"),
+        ["export", "{run}", "--out", "{tmp}/d"],
+        ["not a dlc export", "new directory"],
+    ),
+    ("damaged-record", lambda t: _damage(t / "export", DLC_FILE, b"{"), ["eval", "{tmp}/export"], ["is damaged"]),
+    (
+        "damaged-weights",
+        lambda t: _damage(t / "export", WEIGHTS_FILE, b"\x10\x00"),
+        ["sample", "{tmp}/export"],
+        ["cannot be read", "export the run again"],
+    ),
+    ("checkpoint-of-an-export", lambda t: None, ["sample", "{tmp}/export", "--checkpoint", "10"], ["is an export"]),
+]
+
+
+@pytest.mark.parametrize(("damage", "args", "fragments"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_exports_are_refused_in_one_line(damage, args, fragments, tmp_path):
+    write_run(tmp_path / "run")
+    export(tmp_path / "run", tmp_path / "export")
+    damage(tmp_path)
+    args = [a.format(run=tmp_path / "run", tmp=tmp_path) for a in args]
+    assert_user_error(invoke(*args), *fragments)
+
+
+def test_a_run_without_a_checkpoint_has_nothing_to_export(tmp_path):
+    write_run(tmp_path / "early", syncer_steps=())
+    assert_user_error(
+        invoke("export", str(tmp_path / "early"), "--out", str(tmp_path / "e")), "no checkpoint in", "not saved one yet"
+    )
+    assert not (tmp_path / "e").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,27 @@ from dlc.errors import UserError
 
 # orbax logs every save at INFO through absl; the run's own event log already records them.
 logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+def _quiet_abandoned_reads() -> None:
+    """Keep orbax's abandoned reads of a damaged checkpoint off stderr, once one was refused.
+
+    A read that fails ends the event loop orbax restores in while its other reads are in flight;
+    each of those then reports `RuntimeError('Event loop is closed')` as an unraisable exception
+    with a traceback, at any moment afterwards. The user already has the one line that says the
+    checkpoint is unreadable; every other unraisable exception still reaches the hook before.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "dlc_quiet", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.dlc_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 class Checkpointer:
@@ -61,6 +83,7 @@ class Checkpointer:
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
             )
         except Exception as exc:  # orbax raises many types for a damaged or foreign checkpoint
+            _quiet_abandoned_reads()
             raise UserError(
                 f"checkpoint {self.directory / str(step)} is unreadable ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}): pass --fresh to start "
@@ -100,6 +123,7 @@ def read_checkpoint(directory: Path | epath.Path, step: int | None = None) -> tu
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore())
             )
         except Exception as exc:  # orbax raises many types for a damaged or foreign checkpoint
+            _quiet_abandoned_reads()
             raise UserError(
                 f"checkpoint {directory / str(step)} is unreadable ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'})"

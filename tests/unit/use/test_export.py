@@ -10,7 +10,7 @@ import pytest
 from dlc.core.model import apply_model
 from dlc.use.export import CONFIG_FILE, DLC_FILE, WEIGHTS_FILE, load_export
 from dlc.use.run_model import load_run_model
-from tests.helpers import assert_user_error, invoke
+from tests.helpers import assert_user_error, invoke, run_cli
 from tests.unit.use.test_run_model import write_run
 
 
@@ -162,3 +162,13 @@ def test_a_run_without_a_checkpoint_has_nothing_to_export(tmp_path):
         invoke("export", str(tmp_path / "early"), "--out", str(tmp_path / "e")), "no checkpoint in", "not saved one yet"
     )
     assert not (tmp_path / "e").exists()
+
+
+def test_a_damaged_checkpoint_is_one_line_and_no_traceback(tmp_path):
+    # In a fresh interpreter: orbax's reads abandoned by the failed restore report themselves at exit.
+    write_run(tmp_path / "run")
+    for chunk in (tmp_path / "run" / "checkpoints" / "syncer" / "20" / "state").rglob("d/*"):
+        chunk.write_bytes(b"garbage")
+    result = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "e"))
+    assert_user_error(result, "checkpoint", "syncer/20 is unreadable")
+    assert "Event loop" not in result.stderr and not (tmp_path / "e").exists()

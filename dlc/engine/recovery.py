@@ -32,6 +32,7 @@ from dlc.run.rundir import RunDir
 
 if TYPE_CHECKING:
     from dlc.engine.supervisor import LearnerSlot
+    from dlc.engine.syncer_reports import SyncerReports
 
 MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
 
@@ -239,15 +240,19 @@ class Recoveries:
         ]
         return max(candidates)[1] if candidates else None
 
-    def restart_syncer(self, make_syncer: Callable[[], Any]) -> tuple[Any, str]:
+    def restart_syncer(self, make_syncer: Callable[[], Any], reports: SyncerReports) -> tuple[Any, str]:
         """The syncer died: start a new one (`make_syncer`) from the checkpoint and journal, and hand it to
-        the live learners, which re-send what it never merged. Returns it, and the line to say."""
+        the live learners, which re-send what it never merged. Returns it, and the line to say.
+
+        The pushes it had accepted into rounds still open died with it (a journal keeps closed rounds):
+        `reports` logs each as lost before the learners re-send them, so a reader counts each once."""
         died = time.time()
         chaos = self.chaos
         self.rundir.event("syncer_died")
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
         syncer = make_syncer()
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
+        reports.restored(restored.get("versions"), reason="syncer_died")
         live = self.live()
         ray.get([syncer.register.remote(i, h, False) for i, h in live.items()], timeout=60)
         ray.get(syncer.start.remote(), timeout=60)

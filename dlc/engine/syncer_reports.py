@@ -5,20 +5,45 @@ and takes the answer at a later tick, never waiting on it: a frozen or dead sync
 the driver. A syncer restarted from its checkpoint and journal reports its predecessor's closed
 rounds again, so each (fragment, version) round is logged once: the rounds already in events.jsonl
 are remembered across a resume, less those the restored syncer's state does not hold.
+
+What a restored syncer does not hold is lost, and said so before the run goes on. Its journal
+keeps closed rounds only: a push accepted into a round still open when the syncer died (or the
+run stopped) is gone, and its learner re-sends it, to be accepted again. A push accepted at
+fragment p's version v is merged in p's round v + 1, so the restored versions say which logged
+acceptances died: each gets a `push_lost` record, and each logged round past them a `round_lost`.
+Readers discount them (`dlc.observe.reader.voided`), so each push and round counts once.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ray
 
+from dlc.observe.reader import voided
 from dlc.run.files import EVENTS_FILE, read_jsonl
 from dlc.run.rundir import RunDir
 
 if TYPE_CHECKING:
     from dlc.engine.supervisor import Supervisor
+
+
+class Accepted(NamedTuple):
+    """A push logged as accepted: merged in its fragment's round `version` + 1."""
+
+    learner: int
+    fragment: int
+    seq: int
+    version: int
+    bytes: int
+
+    @classmethod
+    def of(cls, event: dict[str, Any]) -> Accepted | None:
+        """The push of a `push_accepted` record; None for a record that does not say it all (an older log)."""
+        fields = [event.get(name) for name in cls._fields]
+        return cls(*fields) if all(isinstance(f, int) for f in fields) else None
 
 
 class SyncerReports:
@@ -31,15 +56,37 @@ class SyncerReports:
         self.failure: str | None = None  # the syncer's error: it fails the run
         self._asked: Any = None  # the poll asked for and not taken yet
         self._rounds_logged: set[tuple[Any, Any]] = set()  # (fragment, version) in events.jsonl
+        # Logged acceptances no logged round merged yet, by fragment: what a syncer's death can lose.
+        self._waiting: dict[int, dict[tuple[int, int], Accepted]] = {}
+        # On a resume, every acceptance events.jsonl holds (less those lost already), until `restored`
+        # says which the resumed syncer holds: it may have restored an older state than the log's.
+        self._logged: list[Accepted] = []
         if resume:
             logged, _ = read_jsonl(rundir.path / EVENTS_FILE)
+            void = voided(logged)
+            kept = [e for i, e in enumerate(logged) if i not in void]
             self._rounds_logged = {
-                (e.get("fragment"), e.get("version")) for e in logged if e.get("kind") == "round_closed"
+                (e.get("fragment"), e.get("version")) for e in kept if e.get("kind") == "round_closed"
             }
+            self._logged = [a for e in kept if e.get("kind") == "push_accepted" and (a := Accepted.of(e)) is not None]
 
-    def restored(self, versions: list[int]) -> None:
-        """The resumed syncer restored its fragments at `versions`: rounds after them are made again."""
-        self._rounds_logged = rounds_kept(self._rounds_logged, versions)
+    def restored(self, versions: Sequence[int] | None, reason: str = "run_stopped") -> None:
+        """A syncer was restored with its fragments at `versions` (None: nothing restored), after the run
+        stopped (a resume) or the syncer died (`reason="syncer_died"`). What it does not hold is lost:
+        logged rounds after `versions` (made again, and logged again), and the acceptances they or an
+        open round held (their pushes may be accepted again). Each gets a record, before the new
+        syncer reports anything."""
+        versions = list(versions or [])
+        kept = rounds_kept(self._rounds_logged, versions)
+        lost_rounds = {key for key in self._rounds_logged - kept if all(isinstance(k, int) for k in key)}
+        for fragment, version in sorted(lost_rounds):
+            self.rundir.event("round_lost", fragment=fragment, version=version, reason=reason)
+        self._rounds_logged = kept
+        logged = [*self._logged, *(push for waiting in self._waiting.values() for push in waiting.values())]
+        for push in lost_pushes(logged, versions):
+            why = "round_lost" if (push.fragment, push.version + 1) in lost_rounds else reason
+            self.rundir.event("push_lost", **push._asdict(), reason=why)
+        self._logged, self._waiting = [], {}  # the rest are in rounds it holds
 
     def poll(self, syncer: Any, supervisor: Supervisor) -> bool:
         """Take the syncer's report if it has answered, else ask for one; False when the syncer died."""
@@ -49,7 +96,7 @@ class SyncerReports:
         if ready:
             ref, self._asked = self._asked, None
             try:
-                self._absorb(ray.get(ref), supervisor)
+                self.absorb(ray.get(ref), supervisor)
             except ray.exceptions.RayActorError:
                 return False
         return True
@@ -60,9 +107,9 @@ class SyncerReports:
         if self._asked is not None:  # it drained events already: absorb them, or they are lost
             ref, self._asked = self._asked, None
             with contextlib.suppress(ray.exceptions.RayError):
-                self._absorb(ray.get(ref, timeout=30), supervisor)
+                self.absorb(ray.get(ref, timeout=30), supervisor)
         try:
-            self._absorb(ray.get(syncer.finish.remote(), timeout=300), supervisor)
+            self.absorb(ray.get(syncer.finish.remote(), timeout=300), supervisor)
         except ray.exceptions.RayError as exc:
             self.failure = (
                 f"the syncer died while the run was ending ({str(exc).splitlines()[0][:120]}): the learners' "
@@ -71,13 +118,21 @@ class SyncerReports:
             return False
         return True
 
-    def _absorb(self, result: dict[str, Any], supervisor: Supervisor) -> None:
+    def absorb(self, result: dict[str, Any], supervisor: Supervisor) -> None:
+        """Log a report the syncer gave (`poll` and `finish` take them): its events, status and error."""
         # A restarted syncer reports the rounds of its predecessor's journal again: log each once.
         events = [e for e in result["events"] if e["kind"] != "round_closed" or self._new_round(e)]
         for event in events:
             self.rundir.event(**event)
             if event["kind"] == "push_rejected":
                 self.rejected[event["learner"]] = self.rejected.get(event["learner"], 0) + 1
+            elif event["kind"] == "push_accepted" and (push := Accepted.of(event)) is not None:
+                self._waiting.setdefault(push.fragment, {})[(push.learner, push.seq)] = push
+            elif event["kind"] == "round_closed" and event["fragment"] in self._waiting:
+                # Every push accepted before the round closed is in it, superseded ones too.
+                waiting = self._waiting[event["fragment"]]
+                for key in [key for key, push in waiting.items() if push.version < event["version"]]:
+                    del waiting[key]
         supervisor.note_syncer_events(events)
         self.status = result["status"]
         supervisor.syncer_pid = self.status.get("pid")
@@ -103,3 +158,14 @@ def rounds_kept(logged: set[tuple[Any, Any]], versions: list[int]) -> set[tuple[
         for p, v in logged
         if isinstance(p, int) and isinstance(v, int) and 0 <= p < len(versions) and v <= versions[p]
     }
+
+
+def lost_pushes(accepted: Iterable[Accepted], versions: Sequence[int]) -> list[Accepted]:
+    """Of the accepted pushes, those a syncer restored at `versions` does not hold, oldest first.
+
+    A push accepted at fragment p's version v waits in p's open round, which closes as version
+    v + 1: a syncer at versions[p] >= v + 1 holds it merged; any other lost it. A fragment past
+    `versions` (nothing restored) holds none.
+    """
+    held = dict(enumerate(versions))
+    return [a for a in accepted if a.version >= held.get(a.fragment, 0)]

@@ -84,6 +84,31 @@ def lifecycle_entry(event: dict[str, Any]) -> dict[str, Any] | None:
     return {**extras, "fault": "unplanned", "target": f"learner {learner}", "learner": learner, "phase": phase}
 
 
+def voided(events: list[dict[str, Any]]) -> set[int]:
+    """Indices of the `push_accepted` and `round_closed` records that a later `push_lost` or `round_lost` takes back.
+
+    A syncer that dies, or a run that stops, loses what its restored state does not hold. The
+    engine logs one `push_lost` for each acceptance lost, before the push can be accepted again,
+    and one `round_lost` for each logged round lost. Each cancels the latest earlier record of the
+    same push (learner, seq) or round (fragment, version). What is left counts each push and round once.
+    """
+    latest: dict[tuple[str, Any, Any], int] = {}
+    out: set[int] = set()
+    for i, event in enumerate(events):
+        kind = event.get("kind")
+        if kind in ("push_accepted", "push_lost"):
+            key = ("push", event.get("learner"), event.get("seq"))
+        elif kind in ("round_closed", "round_lost"):
+            key = ("round", event.get("fragment"), event.get("version"))
+        else:
+            continue
+        if kind in ("push_accepted", "round_closed"):
+            latest[key] = i
+        elif (taken := latest.pop(key, None)) is not None:
+            out.add(taken)
+    return out
+
+
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 

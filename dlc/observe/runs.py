@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dlc.observe.reader import count_params, device_summary, lifecycle_entry, read_recipe
+from dlc.observe.reader import count_params, device_summary, lifecycle_entry, read_recipe, voided
 from dlc.observe.timeline import Interval, learner_intervals, window_for, windowed_goodput
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
@@ -81,24 +81,28 @@ def load_run(path: Path, label: str) -> RunData:
     started = {e.get("learner"): e["device"] for e in events if e.get("kind") == "learner_started" and "device" in e}
     run.devices = device_summary(list(started.values()))
     fragments = int((run.recipe.get("syncer") or {}).get("fragments") or 1)
-    learner_sent = any(e.get("kind") == "push_sent" for e in events)  # older logs: the learner's view
+    # The learners' view of what they sent; older logs have only the syncer's (net of lost acceptances).
+    sent_kind = "push_sent" if any(e.get("kind") == "push_sent" for e in events) else "push_accepted"
     pending: set[int] = set()  # learners started and not yet seen pushing
-    for e in events:
+    # Acceptances and rounds a syncer's death (or a stop) lost: the push is accepted again, the round made again.
+    void = voided(events)
+    for i, e in enumerate(events):
         kind, t, learner = e.get("kind"), e.get("t"), e.get("learner")
         if not isinstance(t, int | float):
             continue
-        if kind == "round_closed":
+        if kind == "round_closed" and i not in void:
             # Each fragment's round carries the tokens since that fragment was last sent, so one
             # step's tokens reach P rounds: tokens / P is the progress merged.
             run.merged.append((t, sum(x for x in e.get("tokens") or [] if isinstance(x, int | float)) / fragments))
-        elif kind == ("push_sent" if learner_sent else "push_accepted") and isinstance(e.get("bytes"), int):
+        elif kind == sent_kind and isinstance(e.get("bytes"), int) and i not in void:
             run.sent.append((t, e["bytes"]))
         elif kind in ("run_resumed", "learner_stopped") and isinstance(learner, int) and isinstance(e.get("step"), int):
             run.steps.setdefault(learner, []).append((t, e["step"]))
         if kind == "learner_started" and isinstance(learner, int):
             pending.add(learner)
         elif kind in ("push_sent", "push_accepted", "push_rejected") and learner in pending:
-            # A learner's first push marks when it began stepping (compilation comes first).
+            # A learner's first push marks when it began stepping (compilation comes first), even
+            # an acceptance lost later with the syncer.
             pending.discard(learner)
             rows = run.steps.setdefault(learner, [])
             rows.append((t, rows[-1][1] if rows else 0))

@@ -209,7 +209,14 @@ class BarrierSyncer(GlobalFragments):
                 reason = "shape"
             elif not np.isfinite(delta).all():
                 reason = "nonfinite"
-        common = {"learner": c.learner, "seq": c.seq, "steps": c.steps, "base_version": c.version, "share": 1.0}
+        common = {
+            "learner": c.learner,
+            "fragment": 0,  # the whole model, as in its rounds: the driver finds the round a push is merged in
+            "seq": c.seq,
+            "steps": c.steps,
+            "base_version": c.version,
+            "share": 1.0,
+        }
         if reason is not None:
             self.rejections[reason] += 1
             self.events.append({"kind": "push_rejected", **common, "version": self.version, "reason": reason})

@@ -79,6 +79,9 @@ class DecoupledSyncer(GlobalFragments):
         self.downlink = Downlink(cfg.down_codec, cfg.codec_block_values, self.theta)
         self.asked: dict[int, set[int]] = {}  # open rounds: the learners asked for the fragment
         self.requests_sent = 0
+        # Per fragment, the pushes accepted into its open round: a restarted syncer does not hold
+        # them (the journal keeps closed rounds), so its count of accepted pushes leaves them out.
+        self.waiting = [0] * plan.num_fragments
 
     def _new_book(self, versions: list[int]) -> RoundBook:
         cfg = self.cfg
@@ -157,6 +160,7 @@ class DecoupledSyncer(GlobalFragments):
         }
         if verdict.accepted:
             self.counters.accepted += 1
+            self.waiting[push.fragment] += 1
             self.events.append(
                 {
                     "kind": "push_accepted",
@@ -238,6 +242,7 @@ class DecoupledSyncer(GlobalFragments):
     def _close(self, p: int, healthy: set[int]) -> RoundResult:
         result = self.book.close(p, healthy)
         self.asked.pop(p, None)
+        self.waiting[p] = 0  # every push the round held is merged, superseded ones too
         weights = merge_weights(result.tokens, result.steps, self.cfg.weighting)
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
@@ -301,6 +306,9 @@ class DecoupledSyncer(GlobalFragments):
     def _counters(self) -> dict[str, Any]:
         return {
             **self.counters.state(),
+            # Those a restored syncer holds: the pushes waiting in open rounds die with this one,
+            # and are accepted again when their learners re-send them.
+            "accepted": self.counters.accepted - sum(self.waiting),
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
             "settled_seqs": {str(k): v for k, v in self.settled_seqs.items()},
             "schedule": self.schedule.state(),
@@ -349,6 +357,7 @@ class DecoupledSyncer(GlobalFragments):
         self.schedule.load(counters.get("schedule", {}))
         self.downlink.reset(self.theta)
         self.asked.clear()
+        self.waiting = [0] * self.plan.num_fragments
 
     # -- views ---------------------------------------------------------------------------------
 

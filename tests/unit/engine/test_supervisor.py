@@ -12,6 +12,7 @@ from dlc.config.load import load_recipe
 from dlc.engine import recovery
 from dlc.engine import supervisor as supervisor_module
 from dlc.engine.supervisor import LearnerSlot, Supervisor
+from dlc.engine.syncer_reports import SyncerReports
 from dlc.run.rundir import RunDir
 from tests.helpers import TINY
 
@@ -63,6 +64,8 @@ class FakeRay:
         return [r for r in refs if r.done], [r for r in refs if not r.done]
 
     def get(self, ref, timeout=None):
+        if isinstance(ref, list):
+            return [self.get(r) for r in ref]
         if ref.error is not None:
             raise ref.error
         return ref.value
@@ -191,3 +194,29 @@ def test_a_console_line_whose_figure_is_unknown_reads_a_question_mark(rundir):
         "learner 3 died at step ?",
     ]
     assert [e["kind"] for e in events(rundir)][-2:] == ["learner_stalled", "learner_died"]
+
+
+def test_a_syncer_restart_says_which_acceptances_died_with_it_before_the_learners_re_send(rundir, monkeypatch):
+    fake_ray(monkeypatch)
+    rundir.begin()
+    reports = SyncerReports(rundir, resume=False)
+    learner = Actor("learner", set_syncer=Ref(1))  # it re-sends one unacknowledged push
+    sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), make_learner=None, join_streams=[])
+    sup.slots[0] = LearnerSlot(handle=learner, stream=None, view={"state": "training"})
+    heard = [
+        {"kind": "push_accepted", "learner": 0, "fragment": 0, "seq": 3, "version": 0, "bytes": 8},
+        {"kind": "round_closed", "fragment": 0, "version": 1, "merged": [[0, 3]]},
+        {"kind": "push_accepted", "learner": 0, "fragment": 1, "seq": 4, "version": 0, "bytes": 8},
+    ]
+    reports.absorb({"events": heard, "status": {}, "error": None}, sup)
+    new = Actor("syncer2", restore=Ref({"journal_rounds": 1, "versions": [1, 0], "rounds_closed": 1}))
+    syncer, said = sup.restart_syncer(lambda: new, reports)
+    assert syncer is new and learner.called("set_syncer") == [(new,)]
+    assert said.endswith("learners re-sent 1 unacknowledged pushes")
+    tail = [e for e in events(rundir) if e["kind"] != "chaos"][3:]
+    assert [(e["kind"], e.get("seq")) for e in tail] == [
+        ("syncer_died", None),
+        ("push_lost", 4),
+        ("syncer_restarted", None),
+    ]
+    assert tail[1]["reason"] == "syncer_died" and tail[2]["versions"] == [1, 0]

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dlc.errors import UserError
-from dlc.observe.reader import RunReader, count_params
+from dlc.observe.reader import RunReader, count_params, voided
 from dlc.run.files import JsonlTail, resolve_run
 from tests.fixtures_runs import ELAPSED_S, NOW, T0, make_run, status, summary
 
@@ -96,3 +96,22 @@ def test_resolve_run_picks_the_latest_and_refuses_non_runs(tmp_path):
         resolve_run(tmp_path / "nowhere")
     with pytest.raises(UserError, match="is not a run directory"):
         resolve_run(runs / "stray")
+
+
+def test_a_lost_record_voids_the_latest_acceptance_or_round_before_it():
+    def push(kind, seq, learner=0):
+        return {"kind": kind, "learner": learner, "fragment": 0, "seq": seq, "version": 2}
+
+    events = [
+        push("push_accepted", 1),  # 0: merged
+        push("push_accepted", 2),  # 1: lost with the syncer ...
+        push("push_accepted", 2, learner=1),  # 2: another learner's seq 2: kept
+        {"kind": "round_closed", "fragment": 0, "version": 3},  # 3: lost at a resume from an older state
+        {"kind": "round_lost", "fragment": 0, "version": 3},
+        push("push_lost", 2),
+        push("push_accepted", 2),  # 6: ... and accepted again: kept
+        {"kind": "round_closed", "fragment": 0, "version": 3},  # 7: made again: kept
+        push("push_lost", 9),  # an acceptance the log never held: voids nothing
+        {"kind": "round_lost", "fragment": 1, "version": 1},
+    ]
+    assert voided(events) == {1, 3}

@@ -95,6 +95,28 @@ def test_load_run_reads_progress_bytes_and_steps(tmp_path):
     assert [c["phase"] for c in run.chaos] == ["injected", "detected", "restarted", "injected"]
 
 
+def test_a_push_and_a_round_lost_with_the_syncer_and_made_again_count_once(tmp_path):
+    path = finished_run(tmp_path / "r")
+    push = {"kind": "push_accepted", "learner": 0, "fragment": 3, "seq": 1000, "version": 7, "bytes": 500}
+    round_ = {"kind": "round_closed", "fragment": 5, "version": 9, "tokens": [24 * 1024], "merged": [[1, 77]]}
+    later = [
+        push,
+        round_,
+        {"kind": "syncer_died"},
+        {"kind": "round_lost", "fragment": 5, "version": 9, "reason": "syncer_died"},
+        {**push, "kind": "push_lost", "reason": "syncer_died"},
+        {"kind": "syncer_restarted"},
+        push,  # re-sent and accepted again
+        round_,  # made again
+    ]
+    with open(path / "events.jsonl", "a") as f:
+        f.writelines(json.dumps({"t": T0 + 100 + i, **e}) + "\n" for i, e in enumerate(later))
+    run = load_run(path, "r")
+    # The fixture's 400 rounds of 1,024 tokens and 400 pushes, then one more of each.
+    assert len(run.merged) == 401 and sum(x for _, x in run.merged) == 410_624
+    assert len(run.sent) == 401 and sum(b for _, b in run.sent) == 400 * (3_512_320 // 400) + 500
+
+
 def test_without_chaos_the_faults_are_the_deaths_in_the_event_log(tmp_path):
     path = make_run(tmp_path / "r")
     with open(path / "events.jsonl", "a") as f:

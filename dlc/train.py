@@ -11,6 +11,7 @@ from dlc.engine.driver import Driver, Outcome
 from dlc.engine.interrupts import Interrupts
 from dlc.engine.journal import check_journal
 from dlc.observe.console import ProgressView
+from dlc.observe.trackers import check_trackers
 from dlc.plan.memory import check_fits, fragment_plan
 from dlc.run.files import syncer_journal_path
 from dlc.run.rundir import Claim, RunDir
@@ -27,8 +28,8 @@ def run(
     `ends_process`: the process ends with the run (the CLI's), and ignores Ctrl-C once it is over.
 
     Everything that can refuse the start (the data and the model's vocabulary, the memory it needs,
-    the compilation cache, the run directory and its checkpoints and journal, the cluster and its room
-    for the recipe) is checked before the run directory is written. A prepared dataset that
+    the trackers, the compilation cache, the run directory and its checkpoints and journal, the
+    cluster and its room for the recipe) is checked before the run directory is written. A prepared dataset that
     data.prepare describes and data.path does not hold yet is prepared first.
     """
     from dlc.engine import cluster, devices, placement
@@ -36,6 +37,7 @@ def run(
     ensure_prepared(recipe)
     recipe, manifest = resolve_data(recipe)  # the vocabulary every process builds its model with
     check_fits(recipe)  # before anything is allocated
+    check_trackers(recipe)  # a tracker that cannot start (no package, no server, no W&B login) refuses it here
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     data = plan_data(recipe, manifest)
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None

@@ -191,6 +191,13 @@ RECIPE_CASES = [
     ("cluster-cpus-bool", ["cluster.num_cpus=true"], ["cluster.num_cpus=true", "not a number"]),
     ("checkpoint-keep-bool", ["checkpoint.keep=true"], ["checkpoint.keep=true", "not a number"]),
     ("eval-windows-beyond-memory", ["eval.batches=100000", "eval.batch_size=100000"], ["of memory", "eval.batches"]),
+    ("track-unknown", ["track=[tensorboard,neptune]"], ["track.1='neptune'", "'tensorboard', 'wandb' or 'mlflow'"]),
+    ("track-twice", ["track=[mlflow,mlflow]"], ["track lists mlflow more than once"]),
+    (
+        "track-mlflow-server-unreachable",  # a closed loopback port: refused at once
+        ["track=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:9"],
+        ["tracking.mlflow_uri='http://127.0.0.1:9' is unreachable", "remove mlflow from track"],
+    ),
 ]
 
 
@@ -263,6 +270,9 @@ DAMAGED_RUN_CASES: list[tuple[str, Callable[[Path], Any], list[str], list[str]]]
     ("metrics-a-directory", lambda run: replace_with_dir(run / "metrics.jsonl"), [], ["metrics.jsonl is a directory"]),
     ("summary-a-directory", lambda run: replace_with_dir(run / "summary.json"), [], ["summary.json is a directory"]),
     ("tensorboard-a-file", lambda run: replace_with_file(run / "tensorboard"), [], ["tensorboard is a file"]),
+    ("wandb-a-file", lambda run: (run / "wandb").write_text("a file\n"), [], ["wandb is a file"]),
+    ("mlruns-a-file", lambda run: (run / "mlruns").write_text("a file\n"), [], ["mlruns is a file"]),
+    ("trackers-json-a-directory", lambda run: (run / "trackers.json").mkdir(), [], ["trackers.json is a directory"]),
     ("checkpoints-a-file", lambda run: replace_with_file(run / "checkpoints"), [], ["checkpoints is a file"]),
     (
         "learner-checkpoint-folder-a-file",
@@ -459,8 +469,9 @@ def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_start
 def test_fresh_clears_everything_an_earlier_run_wrote(run_copy, corpus):
     from dlc.run.rundir import RunDir
 
-    for name in ("tensorboard/events.out.tfevents.1", "chaos.jsonl", "control.jsonl", "keep-me.txt"):
-        (run_copy / name).parent.mkdir(exist_ok=True)
+    earlier = ("tensorboard/events.out.tfevents.1", "wandb/debug.log", "mlruns/0/meta.yaml", "trackers.json")
+    for name in (*earlier, "chaos.jsonl", "control.jsonl", "keep-me.txt"):
+        (run_copy / name).parent.mkdir(parents=True, exist_ok=True)
         (run_copy / name).write_text("an earlier run's\n")
     rundir, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, run_copy)), fresh=True)
     rundir.close()

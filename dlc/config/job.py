@@ -1,10 +1,14 @@
-"""The job around the training: its name, directory and stop, its cluster, checkpoints and evaluation."""
+"""The job around the training: its name, directory and stop, its cluster, checkpoints, evaluation and trackers."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from dlc.config.section import Section
+
+TrackerName = Literal["tensorboard", "wandb", "mlflow"]
 
 # Seeds feed NumPy's and JAX's generators, which take unsigned 32-bit values.
 MAX_SEED = 2**32 - 1
@@ -85,4 +89,21 @@ class EvalConfig(Section):
         le=1,
         description="GPU share reserved for the evaluator (0: it evaluates on CPU). With GPU learners, a small "
         "share (e.g. 0.04 beside 4 learners x 0.24) makes evaluations of large models quick.",
+    )
+
+
+class TrackingConfig(Section):
+    project: str = Field(
+        "dlc", min_length=1, description="The W&B project and the MLflow experiment the run is logged under."
+    )
+    entity: str | None = Field(None, description="W&B entity (user or team). Default: your W&B default entity.")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None,
+        description="W&B online (needs wandb login) or offline (files under RUN/wandb, uploaded later with "
+        "wandb sync). Default: $WANDB_MODE, else online.",
+    )
+    mlflow_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI: http(s)://HOST:PORT of a tracking server, sqlite:///PATH, or file:PATH. "
+        "Default: $MLFLOW_TRACKING_URI, else a file store in RUN/mlruns.",
     )

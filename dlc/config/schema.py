@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dlc.config.algorithms import ALGORITHM_DESCRIPTION, AlgorithmName
-from dlc.config.job import CheckpointConfig, ClusterConfig, EvalConfig, RunConfig
+from dlc.config.job import CheckpointConfig, ClusterConfig, EvalConfig, RunConfig, TrackerName, TrackingConfig
 from dlc.config.learners import LearnersConfig
 from dlc.config.section import Section
 from dlc.config.sync import BlockingConfig, SyncerConfig
@@ -34,6 +35,27 @@ class Recipe(Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the processes run (Ray).")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint policy.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    track: list[TrackerName] = Field(
+        ["tensorboard"],
+        description="Experiment trackers that receive the run's metrics and events: any of tensorboard, wandb, "
+        "mlflow (e.g. [tensorboard, wandb]; [] for none). Their settings are under tracking.",
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="Experiment trackers (the recipe's track list)."
+    )
+
+    @field_validator("track", mode="before")
+    @classmethod
+    def _one_tracker_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # track=wandb on the command line
+
+    @field_validator("track")
+    @classmethod
+    def _each_tracker_once(cls, value: list[TrackerName]) -> list[TrackerName]:
+        twice = sorted({name for name in value if value.count(name) > 1})
+        if twice:
+            raise ValueError(f"track lists {', '.join(twice)} more than once: name each tracker once")
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:

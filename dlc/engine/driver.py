@@ -63,7 +63,7 @@ class Driver:
         self.started = time.time()
         self.snapshots = Snapshots(recipe, str(rundir.path), self.budget, self.started)
         self.started_monotonic = time.monotonic()
-        self.tb: Any = None  # opened with the run directory, once the run has started
+        self.trackers: Any = None  # TensorBoard, W&B, MLflow: opened once the run has started
         self.prior_wall_s = 0.0
         self.failure: str | None = None
         self.syncer_reports = SyncerReports(rundir, resume)
@@ -97,9 +97,11 @@ class Driver:
             # Every actor has started and restored: only now does the run directory change, so a
             # refused resume (an unreadable checkpoint, another run's syncer) leaves it as it was.
             self.rundir.begin()
-            from dlc.observe.tensorboard import TensorBoardWriter
+            from dlc.observe.trackers import Trackers
 
-            self.tb = TensorBoardWriter(self.rundir.path)
+            # Every event, metric and status the run directory writes reaches the trackers, from the start on.
+            self.trackers = Trackers.open(self.recipe, self.rundir.path, self.view.message)
+            self.rundir.observe(self.trackers)
         except BaseException as exc:
             # Nothing has trained yet: leave the run directory as it was.
             interrupts.hold()
@@ -143,7 +145,8 @@ class Driver:
             self.rundir.write_status(self._snapshot(status))
             self.rundir.write_summary(summary)
             self.rundir.event("run_finished", status=status, tokens=summary["tokens_total"])
-            self.tb.close()
+            self.rundir.observe(None)
+            self.trackers.close()
             self._release()
             cluster.stop_cluster()
         if self.failure:
@@ -326,10 +329,8 @@ class Driver:
         }
 
     def _metric(self, **fields: Any) -> None:
-        """One metrics.jsonl line, mirrored to TensorBoard."""
+        """One metrics.jsonl line (the run directory passes it on to the trackers)."""
         self.rundir.metric(**fields)
-        if self.tb is not None:
-            self.tb.metric(fields)
 
     def _view(self) -> RunView:
         return RunView(

@@ -1,1 +1,1 @@
-"""What a user sees of a run: snapshots, goodput, the live console, TensorBoard, status, reports."""
+"""What a user sees of a run: snapshots, goodput, the live console, experiment trackers, status, reports."""

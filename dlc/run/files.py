@@ -26,7 +26,10 @@ SUMMARY_FILE = "summary.json"  # written when the run ends
 CHAOS_FILE = "chaos.jsonl"  # faults injected (by dlc chaos) and their observed outcomes
 CONTROL_FILE = "control.jsonl"  # requests to the driver (slow, join, leave, links, ...)
 CHECKPOINT_DIR = "checkpoints"
-TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files (dlc.observe.tensorboard writes them)
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files (track: [tensorboard])
+WANDB_DIR = "wandb"  # W&B's files for each start of the run (track: [wandb])
+MLFLOW_DIR = "mlruns"  # the default MLflow file store (track: [mlflow])
+TRACKERS_FILE = "trackers.json"  # the tracker runs this run logs to, so that a resume goes on in them
 
 # Learner states as status.json reports them.
 HEALTHY_STATES = frozenset({"training", "slow"})  # stepping, so rounds wait for it

@@ -10,7 +10,8 @@ holds an earlier run changes until this run has started: events and metrics reco
 engine starts are held in memory, and `begin` writes them with the recipe once every learner has
 restored its checkpoint, so a refused start or resume leaves the directory as it was (`abandon`
 puts back the storage's marker). A new (or emptied) directory is written at once, so `dlc status`
-sees the run while the engine starts.
+sees the run while the engine starts. An `observer` (the experiment trackers of `dlc.observe.trackers`)
+is told of each event, metric and status as it is written, and of those written before it came.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import yaml
 
@@ -38,10 +39,13 @@ from dlc.run.files import (
     CONTROL_FILE,
     EVENTS_FILE,
     METRICS_FILE,
+    MLFLOW_DIR,
     RECIPE_FILE,
     STATUS_FILE,
     SUMMARY_FILE,
     TENSORBOARD_DIR,
+    TRACKERS_FILE,
+    WANDB_DIR,
     jsonable,
     syncer_journal_path,
     write_json_atomic,
@@ -52,8 +56,20 @@ from dlc.run.storage import MARKER_FILE, RunStorage, is_url, local_dir_of
 _STATE_SHAPING = ("model", "data", "learners")
 # Learner settings that say where a learner runs, not what it holds: free to change on resume.
 _PLACEMENT_KEYS = frozenset({"placement", "resources", "label_selector", "num_cpus", "num_gpus", "accelerator_type"})
-_FILES = (RECIPE_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE)  # what the driver writes
+_FILES = (RECIPE_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, TRACKERS_FILE)  # what the driver writes
+_DIRS = (CHECKPOINT_DIR, TENSORBOARD_DIR, WANDB_DIR, MLFLOW_DIR)  # and the directories it keeps
 _STEP = re.compile(r"^\d+$")  # orbax names a checkpoint by its step
+_EARLY_MAX = 10_000  # records kept for an observer that has not come yet (the start's are a few dozen)
+
+
+class Observer(Protocol):
+    """Told of every record the run directory writes, as it writes it (the experiment trackers)."""
+
+    def event(self, record: dict[str, Any]) -> None: ...
+
+    def metric(self, record: dict[str, Any]) -> None: ...
+
+    def status(self, snapshot: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,8 @@ class RunDir:
         self._recipe_text = recipe_text
         self._held: list[tuple[str, str]] = []  # (file, line) recorded before `begin`
         self._files: dict[str, TextIO] = {}
+        self.observer: Observer | None = None  # see `observe`
+        self._early: list[tuple[str, dict[str, Any]]] | None = []  # records written before an observer came
 
     @classmethod
     def prepare(cls, recipe: Recipe, fresh: bool) -> tuple[RunDir, bool]:
@@ -195,7 +213,7 @@ class RunDir:
             claim.take(path, what)
         if layout.fresh:  # everything an earlier run wrote: a fresh run's records are its own
             storage.clear_checkpoints()
-            for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR, CHAOS_FILE, CONTROL_FILE, MARKER_FILE):
+            for name in (*_FILES, *_DIRS, CHAOS_FILE, CONTROL_FILE, MARKER_FILE):
                 target = path / name
                 if target.is_dir():
                     shutil.rmtree(target)
@@ -210,7 +228,7 @@ class RunDir:
         except OSError as exc:
             raise UserError(f"cannot write run.dir={storage.location!r} ({type(exc).__name__}: {exc})") from None
         rundir = cls(path, text, storage, token)
-        if not any((path / name).exists() for name in (*_FILES, CHECKPOINT_DIR, TENSORBOARD_DIR)):
+        if not any((path / name).exists() for name in (*_FILES, *_DIRS)):
             # No earlier run here to protect: show this one to dlc status while the engine starts.
             rundir.begin()
         return rundir
@@ -241,21 +259,40 @@ class RunDir:
         if not self.begun:
             self.storage.unmark()
 
-    def _write(self, name: str, fields: dict[str, Any]) -> None:
-        line = json.dumps({"t": round(time.time(), 3), **fields}, default=jsonable) + "\n"
+    def _write(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        record = {"t": round(time.time(), 3), **fields}
+        line = json.dumps(record, default=jsonable) + "\n"
         if name in self._files:
             self._files[name].write(line)
         else:
             self._held.append((name, line))
+        if self._early is not None and len(self._early) < _EARLY_MAX:
+            self._early.append((name, record))
+        return record
+
+    def observe(self, observer: Observer | None) -> None:
+        """Tell `observer` of every event, metric and status from now on (None: of nothing more), and first of
+        the events and metrics written before it came (the run's start, its first evaluation)."""
+        self.observer = observer
+        early, self._early = self._early or [], None
+        if observer is not None:
+            for name, record in early:
+                (observer.event if name == EVENTS_FILE else observer.metric)(record)
 
     def event(self, kind: str, **fields: Any) -> None:
-        self._write(EVENTS_FILE, {"kind": kind, **fields})
+        record = self._write(EVENTS_FILE, {"kind": kind, **fields})
+        if self.observer is not None:
+            self.observer.event(record)
 
     def metric(self, **fields: Any) -> None:
-        self._write(METRICS_FILE, fields)
+        record = self._write(METRICS_FILE, fields)
+        if self.observer is not None:
+            self.observer.metric(record)
 
     def write_status(self, status: dict[str, Any]) -> None:
         write_json_atomic(self.path / STATUS_FILE, status)
+        if self.observer is not None:
+            self.observer.status(status)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.path / SUMMARY_FILE, summary)
@@ -265,6 +302,7 @@ class RunDir:
         for f in self._files.values():
             f.close()
         self._held = []
+        self._early = None
 
 
 def check_writable_dir(path: Path, what: str) -> None:
@@ -307,7 +345,7 @@ def _check_layout(path: Path) -> None:
                 f"{path / name} is a directory, but the run writes a file there: move it out of the run "
                 "directory, or choose another run.dir"
             )
-    for name in (CHECKPOINT_DIR, TENSORBOARD_DIR):
+    for name in _DIRS:
         if (path / name).exists() and not (path / name).is_dir():
             raise UserError(
                 f"{path / name} is a file, but the run keeps a directory there: move it out of the run "

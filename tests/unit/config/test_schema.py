@@ -51,12 +51,25 @@ def test_overrides_apply(tmp_path):
             "learners.overrides[index=2].accelerator_type='H100' but learner 2 reserves no GPU: give it num_gpus",
         ),
         (["eval.num_gpus=2"], "eval.num_gpus=2: Input should be less than or equal to 1"),
+        (["track=[tensorboard,comet]"], "track.1='comet': Input should be 'tensorboard', 'wandb' or 'mlflow'"),
+        (["track=[wandb,mlflow,wandb]"], "track lists wandb more than once: name each tracker once"),
+        (["tracking.wandb_mode=cloud"], "tracking.wandb_mode='cloud': Input should be 'online' or 'offline'"),
+        (["tracking.projekt=x"], "unknown key tracking.projekt: did you mean tracking.project?"),
     ],
 )
 def test_bad_values_name_field_and_fix(overrides, message):
     with pytest.raises(UserError) as err:
         load_recipe(REPO / "recipes/tiny.yaml", overrides)
     assert message in str(err.value)
+
+
+def test_trackers_from_the_command_line():
+    assert load_recipe(REPO / "recipes/tiny.yaml").track == ["tensorboard"]  # as before trackers were chosen
+    assert load_recipe(REPO / "recipes/tiny.yaml", ["track=[tensorboard,mlflow]"]).track == ["tensorboard", "mlflow"]
+    assert load_recipe(REPO / "recipes/tiny.yaml", ["track=wandb"]).track == ["wandb"]  # one name, no brackets
+    assert load_recipe(REPO / "recipes/tiny.yaml", ["track=[]"]).track == []
+    r = load_recipe(REPO / "recipes/tiny.yaml", ["tracking.wandb_mode=offline", "tracking.mlflow_uri=http://h:5000"])
+    assert (r.tracking.wandb_mode, r.tracking.mlflow_uri, r.tracking.project) == ("offline", "http://h:5000", "dlc")
 
 
 def test_wall_time_only_needs_schedule_length():

@@ -1,0 +1,165 @@
+"""What the trackers are sent: the run directory's records turned into named points and notes.
+
+One place names every series, so TensorBoard, W&B and MLflow show the same names. Each point
+carries its own step and says which axis that step counts: a learner's own steps (train lines),
+the learners' mean step (evaluations, status, events), or tokens trained (`eval/loss_vs_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# The axes a point's step counts (W&B plots each series against its axis, logged beside it).
+MEAN_STEP = "step/mean"
+TOKENS = "tokens"
+
+# Events that become notes (annotations): faults, recoveries, chaos, the run's start and end.
+NOTED = frozenset(
+    {
+        "run_resumed",
+        "run_finished",
+        "learner_died",
+        "learner_restarted",
+        "learner_rejoined",
+        "learner_recovered",
+        "learner_stalled",
+        "learner_thawed",
+        "learner_slowed",
+        "learner_joining",
+        "learner_left",
+        "learner_lost",
+        "link_degraded",
+        "link_cut",
+        "restart_retried",
+        "state_copy_retried",
+        "node_killed",
+        "syncer_died",
+        "syncer_restarted",
+        "member_lost",
+        "reconfigure",
+        "chaos",
+        "chaos_started",
+        "chaos_finished",
+        "control_ignored",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One value of series `name` at `step` of `axis`."""
+
+    name: str
+    value: float
+    step: int
+    axis: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """One event worth marking on a tracker's timeline, as a line of text."""
+
+    t: float  # Unix seconds
+    step: int  # the learners' mean step when it happened
+    kind: str
+    text: str
+
+
+def learner_axis(learner: int) -> str:
+    return f"step/learner_{learner}"
+
+
+def _point(name: str, value: Any, step: float, axis: str) -> list[Point]:
+    """A point, or none when the value is missing or not plottable (inf, nan)."""
+    if value is None or isinstance(value, bool):
+        return []
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return []
+    return [Point(name, number, round(step), axis)] if math.isfinite(number) else []
+
+
+def metric_points(record: dict[str, Any]) -> list[Point]:
+    """A metrics.jsonl record: train lines per learner at its step, evaluations at the mean step and at tokens.
+
+    Goodput lines are left out: the status snapshots carry the same figures.
+    """
+    kind = record.get("kind")
+    if kind == "train":
+        i, step = record["learner"], record["step"]
+        axis = learner_axis(i)
+        return [
+            *_point(f"train/loss/learner_{i}", record.get("loss"), step, axis),
+            *_point(f"train/grad_norm/learner_{i}", record.get("grad_norm"), step, axis),
+            *_point(f"train/tokens_per_s/learner_{i}", record.get("tokens_per_s"), step, axis),
+        ]
+    if kind == "eval":
+        step, tokens = record["step"], record.get("tokens") or 0
+        return [
+            *_point("eval/loss", record.get("eval_loss"), step, MEAN_STEP),
+            *_point("eval/bits_per_byte", record.get("eval_bpb"), step, MEAN_STEP),
+            *_point("eval/loss_vs_tokens", record.get("eval_loss"), tokens, TOKENS),
+        ]
+    return []
+
+
+def status_points(snapshot: dict[str, Any]) -> list[Point]:
+    """A status.json snapshot: throughput, goodput and its badput buckets, the syncer's rounds and bytes."""
+    step = snapshot.get("step") or 0
+    points = [
+        *_point("run/tokens", snapshot.get("tokens"), step, MEAN_STEP),
+        *_point("run/tokens_per_s", snapshot.get("tokens_per_s"), step, MEAN_STEP),
+        *_point("run/train_loss", snapshot.get("train_loss"), step, MEAN_STEP),
+        *_point("goodput/goodput", snapshot.get("goodput"), step, MEAN_STEP),
+    ]
+    for bucket, seconds in sorted((snapshot.get("badput") or {}).items()):
+        points += _point(f"goodput/badput_s/{bucket}", seconds, step, MEAN_STEP)
+    syncer = snapshot.get("syncer") or {}
+    for key, name in (
+        ("bytes_up", "sync/bytes_up"),
+        ("bytes_down", "sync/bytes_down"),
+        ("rounds_closed", "sync/rounds"),
+        ("mean_contributors", "sync/mean_contributors"),
+        ("pushes_accepted", "sync/pushes_accepted"),
+    ):
+        points += _point(name, syncer.get(key), step, MEAN_STEP)
+    return points
+
+
+def _event_step(record: dict[str, Any], mean_step: float) -> float:
+    """An event's own step (a learner's, when it names one), else the learners' mean step."""
+    step = record.get("step")
+    return float(step) if isinstance(step, int | float) and not isinstance(step, bool) else mean_step
+
+
+class EventCounts:
+    """Events as points (contributors of each round, how many of each noted kind) and notes.
+
+    Counts start at zero with each start of the run: a resumed run counts its own events.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def points(self, record: dict[str, Any], mean_step: float) -> list[Point]:
+        kind, step = record.get("kind"), _event_step(record, mean_step)
+        if kind == "round_closed":
+            return _point("sync/contributors", len(record.get("contributors") or []), step, MEAN_STEP)
+        if kind not in NOTED:
+            return []
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return _point(f"events/{kind}", self.counts[kind], step, MEAN_STEP)
+
+    @staticmethod
+    def note(record: dict[str, Any], mean_step: float) -> Note | None:
+        kind = record.get("kind")
+        if kind not in NOTED:
+            return None
+        fields = {k: v for k, v in record.items() if k not in ("t", "kind")}
+        detail = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in fields.items())
+        step = _event_step(record, mean_step)
+        return Note(float(record.get("t") or 0.0), round(step), str(kind), f"{kind} {detail}".strip())

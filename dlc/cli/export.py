@@ -1,4 +1,4 @@
-"""`dlc export`: a run's model as a Hugging Face checkpoint (GPT-2's layout) with its tokenizer."""
+"""`dlc export`: a run's model as a Hugging Face checkpoint (GPT-2's or Llama's layout) with its tokenizer."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def export_command(
     learner: LearnerOption = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier export in --out.")] = False,
 ) -> None:
-    """Write a run's model where transformers reads it (GPT2LMHeadModel); works while the run trains."""
+    """Write a run's model where transformers reads it (GPT2LMHeadModel, LlamaForCausalLM); works while it trains."""
     from dlc.run.files import resolve_run
     from dlc.units import format_bytes
     from dlc.use.export import export_model
@@ -31,7 +31,7 @@ def export_command(
     done = export_model(model, out, overwrite)
     typer.echo(f"{path}: {model.source}")
     typer.echo(
-        f"exported {done.params:,} parameters ({done.tensors} tensors) as GPT2LMHeadModel with the "
+        f"exported {done.params:,} parameters ({done.tensors} tensors) as {done.architecture} with the "
         f"{model.tokenizer.spec} tokenizer to {done.path}"
     )
     for name, size in done.files.items():

@@ -10,10 +10,33 @@ from dlc.config.section import Section
 
 
 class ModelConfig(Section):
+    arch: Literal["gpt", "llama"] = Field(
+        "gpt",
+        description="gpt: GPT-2's blocks (learned positions, LayerNorm, GELU MLP, fused attention projection); "
+        "llama: Llama's (rotary positions, RMSNorm, SwiGLU MLP, no biases, optional grouped-query attention).",
+    )
     width: int = Field(64, ge=8, description="Model width (embedding dimension), in units.")
     num_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Attention heads per block; must divide width.")
+    num_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        description="llama: key and value heads per block (grouped-query attention); must divide num_heads. "
+        "Default: num_heads (every query head has its own).",
+    )
     mlp_ratio: int = Field(4, ge=1, description="MLP hidden size as a multiple of width.")
+    mlp_hidden: int | None = Field(
+        None,
+        ge=1,
+        description="The MLP's hidden size, when given, instead of mlp_ratio's. Default: mlp_ratio x width for gpt; "
+        "for llama two thirds of that (SwiGLU has three matrices, not two), rounded up to a multiple of 64.",
+    )
+    rope_theta: float = Field(10000.0, gt=0, description="llama: the base of the rotary position frequencies.")
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="What matmuls and activations are computed in. Parameters, optimizer state, anchors and outer "
+        "gradients stay float32 either way; bfloat16 uses GPU tensor cores.",
+    )
     context_len: int = Field(128, ge=2, description="Longest sequence the model accepts, in tokens.")
     vocab_size: int | None = Field(
         None,
@@ -30,6 +53,22 @@ class ModelConfig(Section):
             raise ValueError(
                 f"model.num_heads={self.num_heads} does not divide model.width={self.width}: "
                 "choose a head count that divides the width"
+            )
+        if self.num_kv_heads is not None:
+            if self.arch != "llama" and self.num_kv_heads != self.num_heads:
+                raise ValueError(
+                    f"model.num_kv_heads={self.num_kv_heads} needs model.arch=llama: gpt blocks give every "
+                    "query head its own key and value head"
+                )
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    f"model.num_kv_heads={self.num_kv_heads} does not divide model.num_heads={self.num_heads}: "
+                    "each key and value head serves the same number of query heads"
+                )
+        if self.arch == "llama" and (self.width // self.num_heads) % 2:
+            raise ValueError(
+                f"model.width / model.num_heads = {self.width // self.num_heads} is odd: rotary positions "
+                "rotate pairs of each head's dimensions, so a llama head size must be even"
             )
         return self
 

@@ -1,5 +1,11 @@
 """A decoder-only transformer over bytes or a prepared dataset's tokens, in Flax NNX.
 
+Two families of blocks (`model.arch`): GPT-2's (learned positions, LayerNorm, a GELU MLP, one fused
+query/key/value projection) and Llama's (rotary positions, RMSNorm, a SwiGLU MLP, no biases, and
+grouped-query attention where model.num_kv_heads < num_heads). Parameters are float32 whatever
+model.compute_dtype says; with bfloat16, matmuls and activations run in it and the logits come back
+float32, for the loss.
+
 The model is built once with `build_model`; training code then works on its parameters as a
 plain nested dict of arrays (`split_params`), so the jitted step is a pure function and the
 syncer can address tensors by their path name (`flatten_params`).
@@ -15,21 +21,38 @@ import numpy as np
 from flax import nnx
 
 from dlc.config.workload import ModelConfig
-from dlc.core.shapes import mlp_hidden, vocab_size
+from dlc.core.shapes import head_dim, kv_heads, mlp_hidden, vocab_size
 
 Params = dict[str, Any]
+
+
+def compute_dtype(cfg: ModelConfig) -> Any:
+    return jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
+
+
+def rotary(x_BxTxHxK: jax.Array, positions_T: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding, as Llama in Hugging Face applies it: each head's dimensions i and
+    i + K/2 rotate together by position x theta^(-2i/K). Computed in float32, returned in x's dtype."""
+    K = x_BxTxHxK.shape[-1]
+    inverse_frequency = 1.0 / theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K)
+    angles_TxK = jnp.tile(positions_T.astype(jnp.float32)[:, None] * inverse_frequency[None, :], (1, 2))
+    cos, sin = jnp.cos(angles_TxK)[:, None, :], jnp.sin(angles_TxK)[:, None, :]  # broadcast over heads
+    x = x_BxTxHxK.astype(jnp.float32)
+    half = K // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * cos + rotated * sin).astype(x_BxTxHxK.dtype)
 
 
 class CausalSelfAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.width // cfg.num_heads
-        init = nnx.initializers.normal(stddev=cfg.init_std)
-        self.qkv = nnx.Linear(cfg.width, 3 * cfg.width, use_bias=False, kernel_init=init, rngs=rngs)
+        init, dtype = nnx.initializers.normal(stddev=cfg.init_std), compute_dtype(cfg)
+        self.qkv = nnx.Linear(cfg.width, 3 * cfg.width, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
         # Residual projections start smaller so the residual stream's variance stays bounded
         # with depth (GPT-2's scaled initialisation).
-        out_init = nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
-        self.out = nnx.Linear(cfg.width, cfg.width, use_bias=False, kernel_init=out_init, rngs=rngs)
+        out_init = _residual_init(cfg)
+        self.out = nnx.Linear(cfg.width, cfg.width, use_bias=False, kernel_init=out_init, dtype=dtype, rngs=rngs)
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         B, T, D = x_BxTxD.shape
@@ -41,11 +64,10 @@ class CausalSelfAttention(nnx.Module):
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        hidden = mlp_hidden(cfg)
+        hidden, dtype = mlp_hidden(cfg), compute_dtype(cfg)
         init = nnx.initializers.normal(stddev=cfg.init_std)
-        out_init = nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
-        self.up = nnx.Linear(cfg.width, hidden, kernel_init=init, rngs=rngs)
-        self.down = nnx.Linear(hidden, cfg.width, kernel_init=out_init, rngs=rngs)
+        self.up = nnx.Linear(cfg.width, hidden, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.down = nnx.Linear(hidden, cfg.width, kernel_init=_residual_init(cfg), dtype=dtype, rngs=rngs)
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(x_BxTxD)))
@@ -55,39 +77,103 @@ class Block(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        self.norm_attn = nnx.LayerNorm(cfg.width, rngs=rngs)
+        dtype = compute_dtype(cfg)
+        self.norm_attn = nnx.LayerNorm(cfg.width, dtype=dtype, rngs=rngs)
         self.attn = CausalSelfAttention(cfg, rngs)
-        self.norm_mlp = nnx.LayerNorm(cfg.width, rngs=rngs)
+        self.norm_mlp = nnx.LayerNorm(cfg.width, dtype=dtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
         x_BxTxD = x_BxTxD + self.attn(self.norm_attn(x_BxTxD))
         return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
 
 
+class LlamaAttention(nnx.Module):
+    """Separate query, key and value projections, rotary positions on queries and keys, and
+    num_kv_heads key/value heads each shared by num_heads / num_kv_heads query heads."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, kv_heads(cfg), head_dim(cfg)
+        self.theta = cfg.rope_theta
+        init, dtype, D = nnx.initializers.normal(stddev=cfg.init_std), compute_dtype(cfg), cfg.width
+        kv = self.num_kv_heads * self.head_dim
+        self.q = nnx.Linear(D, D, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.k = nnx.Linear(D, kv, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.v = nnx.Linear(D, kv, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.out = nnx.Linear(D, D, use_bias=False, kernel_init=_residual_init(cfg), dtype=dtype, rngs=rngs)
+
+    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+        B, T, D = x_BxTxD.shape
+        q_BxTxHxK = rotary(self.q(x_BxTxD).reshape(B, T, self.num_heads, self.head_dim), positions_T, self.theta)
+        k_BxTxGxK = rotary(self.k(x_BxTxD).reshape(B, T, self.num_kv_heads, self.head_dim), positions_T, self.theta)
+        v_BxTxGxK = self.v(x_BxTxD).reshape(B, T, self.num_kv_heads, self.head_dim)
+        y_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, is_causal=True)
+        return self.out(y_BxTxHxK.reshape(B, T, D))
+
+
+class SwiGLU(nnx.Module):
+    """down(silu(gate(x)) * up(x)), without biases."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        hidden, dtype = mlp_hidden(cfg), compute_dtype(cfg)
+        init = nnx.initializers.normal(stddev=cfg.init_std)
+        self.gate = nnx.Linear(cfg.width, hidden, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.up = nnx.Linear(cfg.width, hidden, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
+        self.down = nnx.Linear(
+            hidden, cfg.width, use_bias=False, kernel_init=_residual_init(cfg), dtype=dtype, rngs=rngs
+        )
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x_BxTxD)) * self.up(x_BxTxD))
+
+
+class LlamaBlock(nnx.Module):
+    """Pre-norm block with RMSNorm: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        dtype = compute_dtype(cfg)
+        self.norm_attn = nnx.RMSNorm(cfg.width, dtype=dtype, rngs=rngs)
+        self.attn = LlamaAttention(cfg, rngs)
+        self.norm_mlp = nnx.RMSNorm(cfg.width, dtype=dtype, rngs=rngs)
+        self.mlp = SwiGLU(cfg, rngs)
+
+    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+        x_BxTxD = x_BxTxD + self.attn(self.norm_attn(x_BxTxD), positions_T)
+        return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
+
+
+def _residual_init(cfg: ModelConfig) -> Any:
+    return nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
+
+
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        init = nnx.initializers.normal(stddev=cfg.init_std)
-        self.embed = nnx.Embed(vocab_size(cfg), cfg.width, embedding_init=init, rngs=rngs)
-        self.pos_embed = nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
-        self.norm_out = nnx.LayerNorm(cfg.width, rngs=rngs)
+        init, dtype, llama = nnx.initializers.normal(stddev=cfg.init_std), compute_dtype(cfg), cfg.arch == "llama"
+        self.embed = nnx.Embed(vocab_size(cfg), cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
+        self.pos_embed = (
+            None if llama else nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
+        )
+        block = LlamaBlock if llama else Block
+        self.blocks = nnx.List([block(cfg, rngs) for _ in range(cfg.num_layers)])
+        norm = nnx.RMSNorm if llama else nnx.LayerNorm
+        self.norm_out = norm(cfg.width, dtype=dtype, rngs=rngs)
         self.head = (
             None
             if cfg.tie_embeddings
-            else nnx.Linear(cfg.width, vocab_size(cfg), use_bias=False, kernel_init=init, rngs=rngs)
+            else nnx.Linear(cfg.width, vocab_size(cfg), use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
         )
 
     def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
-        """Logits for the next token at every position: [B, T] int -> [B, T, V] float (V: `vocab_size`)."""
-        T = tokens_BxT.shape[1]
-        x_BxTxD = self.embed(tokens_BxT) + self.pos_embed(jnp.arange(T))[None]
+        """Logits for the next token at every position: [B, T] int -> [B, T, V] float32 (V: `vocab_size`)."""
+        positions_T = jnp.arange(tokens_BxT.shape[1])
+        x_BxTxD = self.embed(tokens_BxT)
+        if self.pos_embed is not None:
+            x_BxTxD = x_BxTxD + self.pos_embed(positions_T)[None]
         for block in self.blocks:
-            x_BxTxD = block(x_BxTxD)
+            x_BxTxD = block(x_BxTxD, positions_T)
         x_BxTxD = self.norm_out(x_BxTxD)
-        if self.head is None:
-            return self.embed.attend(x_BxTxD)
-        return self.head(x_BxTxD)
+        logits_BxTxV = self.embed.attend(x_BxTxD) if self.head is None else self.head(x_BxTxD)
+        return logits_BxTxV.astype(jnp.float32)
 
 
 def build_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, Params]:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from dlc.config.schema import Recipe
 from dlc.config.workload import ModelConfig
 from dlc.core.fragments import FragmentPlan
-from dlc.core.shapes import mlp_hidden, param_count, param_shapes, vocab_size
+from dlc.core.shapes import head_dim, kv_heads, mlp_hidden, param_count, param_shapes, vocab_size
 from dlc.errors import UserError
 from dlc.units import MIB, format_bytes
 
-FLOAT_BYTES = 4  # everything is float32
+FLOAT_BYTES = 4  # parameters, optimizer state, anchors and fragments are float32; activations model.compute_dtype
 # Python, NumPy, JAX, XLA's compiled functions and Ray's worker in one process. Measured on a run
 # of tiny (peak RSS, shared libraries counted in each): learners 490 MiB, of which about 60 MiB is
 # their state and activations; the syncer 410 MiB; the evaluator 340 MiB.
@@ -55,7 +55,7 @@ def fragment_plan(recipe: Recipe) -> FragmentPlan:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Bytes each process of a run needs, by a rough but generous count (float32 throughout)."""
+    """Bytes each process of a run needs, by a rough but generous count."""
 
     params: int
     batch: int  # the largest batch a learner on this machine's CPUs steps
@@ -76,14 +76,22 @@ class Footprint:
         return RAY_BYTES + self.learner_processes * self.learner + self.syncer + self.evaluator
 
 
-def _activation_floats(batch: int, seq: int, model: ModelConfig) -> int:
-    """Floats one forward pass of `batch` x `seq` keeps: per token and block, the residual, two
-    norms, q/k/v, the attention output and projection, the MLP's hidden layer before and after
-    GELU; per sequence and head the attention scores and probabilities; the logits at the end."""
-    d, hidden = model.width, mlp_hidden(model)
-    per_token_block = 8 * d + 2 * hidden
+def _activation_bytes(batch: int, seq: int, model: ModelConfig) -> int:
+    """Bytes one forward pass of `batch` x `seq` keeps, in model.compute_dtype: per token and block, the
+    residual, two norms, the attention's projections and output (GPT: q/k/v from one matrix; Llama: q,
+    k and v, keys and queries again rotated), the MLP's hidden layers (GELU: before and after it;
+    SwiGLU: gate, up, silu(gate) and their product); per sequence and head the attention scores and
+    probabilities; at the end the logits, which are float32 whatever the compute dtype."""
+    d, hidden, width = model.width, mlp_hidden(model), 2 if model.compute_dtype == "bfloat16" else FLOAT_BYTES
+    if model.arch == "llama":
+        kv = kv_heads(model) * head_dim(model)
+        per_token_block = 7 * d + 3 * kv + 4 * hidden
+    else:
+        per_token_block = 8 * d + 2 * hidden
     per_block = batch * seq * per_token_block + 2 * batch * model.num_heads * seq * seq
-    return model.num_layers * per_block + 3 * batch * seq * vocab_size(model) + 2 * batch * seq * d
+    return width * (model.num_layers * per_block + 2 * batch * seq * d) + FLOAT_BYTES * 3 * batch * seq * vocab_size(
+        model
+    )
 
 
 def footprint(recipe: Recipe) -> Footprint:
@@ -98,9 +106,9 @@ def footprint(recipe: Recipe) -> Footprint:
     batch = max((learners.resolved(i).batch_size for i in on_cpu), default=0)
     seq = learners.seq_len
     # Gradients of the activations are as large as the activations: count them twice.
-    activations = 2 * FLOAT_BYTES * _activation_floats(batch, seq, model) if on_cpu else 0
+    activations = 2 * _activation_bytes(batch, seq, model) if on_cpu else 0
     eval_windows = 2 * FLOAT_BYTES * recipe.eval.batches * recipe.eval.batch_size * (seq + 1)
-    eval_forward = FLOAT_BYTES * _activation_floats(recipe.eval.batch_size, seq, model)
+    eval_forward = _activation_bytes(recipe.eval.batch_size, seq, model)
     return Footprint(
         params=n,
         batch=batch,

@@ -1,8 +1,10 @@
-"""A run's model in the Hugging Face layout of GPT-2, whose blocks dlc's match, and read back.
+"""A run's model in the Hugging Face layout of its block family (GPT-2's or Llama's), and read back.
 
-dlc's blocks are GPT-2's: learned positions, pre-norm LayerNorm, fused query/key/value, a tanh-GELU
-MLP, a final LayerNorm and an output layer tied to the embedding or not. So an export is a
-`GPT2LMHeadModel` checkpoint that `transformers` loads without custom code:
+dlc's two block families (`model.arch`) are those of `GPT2LMHeadModel` and `LlamaForCausalLM`, so an
+export is a checkpoint that `transformers` loads without custom code. Each family is one table here
+(`_GPT2`, `_LLAMA`): dlc's path -> Hugging Face's name, and whether the tensor is transposed.
+
+GPT-2 (model.arch=gpt): learned positions, pre-norm LayerNorm, fused query/key/value, a tanh-GELU MLP.
 
     dlc                              GPT-2 (transformers)                    how
     embed/embedding  [V, D]          transformer.wte.weight                  as is
@@ -20,6 +22,28 @@ MLP, a final LayerNorm and an output layer tied to the embedding or not. So an e
 Both split the fused projection into query, key and value, each into heads, in that order, and
 scale attention by 1/sqrt(head size). config.json says what differs from GPT-2's defaults:
 LayerNorm epsilon 1e-6 (Flax's), `gelu_new` (the tanh GELU), no dropout, and the sizes.
+
+Llama (model.arch=llama): rotary positions, RMSNorm, separate projections without biases, G = num_kv_heads
+key/value heads (grouped-query attention), a SwiGLU MLP of hidden size F. torch's Linear is [out, in].
+
+    dlc                              Llama (transformers)                              how
+    embed/embedding  [V, D]          model.embed_tokens.weight                         as is
+    blocks/i/norm_attn/scale         model.layers.i.input_layernorm.weight             as is
+    blocks/i/attn/q/kernel [D, D]    model.layers.i.self_attn.q_proj.weight            transposed
+    blocks/i/attn/k/kernel [D, GK]   model.layers.i.self_attn.k_proj.weight            transposed
+    blocks/i/attn/v/kernel [D, GK]   model.layers.i.self_attn.v_proj.weight            transposed
+    blocks/i/attn/out/kernel [D, D]  model.layers.i.self_attn.o_proj.weight            transposed
+    blocks/i/norm_mlp/scale          model.layers.i.post_attention_layernorm.weight    as is
+    blocks/i/mlp/gate/kernel [D, F]  model.layers.i.mlp.gate_proj.weight               transposed
+    blocks/i/mlp/up/kernel [D, F]    model.layers.i.mlp.up_proj.weight                 transposed
+    blocks/i/mlp/down/kernel [F, D]  model.layers.i.mlp.down_proj.weight               transposed
+    norm_out/scale                   model.norm.weight                                 as is
+    head/kernel  [D, V]              lm_head.weight [V, D]                             transposed (untied only)
+
+No query or key permutation: dlc's `rotary` is Hugging Face's (each head's dimensions i and i + K/2
+rotate together by position x theta^(-2i/K)), and both give query head h key/value head h // (H/G).
+config.json gives the sizes, RMSNorm epsilon 1e-6 (Flax's), rope_theta, and no biases.
+
 Beside the weights: the run's tokenizer (tokenizer.json and tokenizer_config.json) and dlc.json,
 what dlc needs to read the export again (the recipe, the model's source, the tokenizer's spec).
 """
@@ -41,7 +65,7 @@ from dlc import __version__
 from dlc.config.load import dump_recipe, recipe_from_dict
 from dlc.config.workload import ModelConfig
 from dlc.core.model import Params, build_model, flatten_params, unflatten_params
-from dlc.core.shapes import mlp_hidden, vocab_size
+from dlc.core.shapes import head_dim, kv_heads, mlp_hidden, vocab_size
 from dlc.data.tokenizer import TOKENIZER_CONFIG, TOKENIZER_JSON, Tokenizer
 from dlc.errors import UserError
 from dlc.use.run_model import RunModel
@@ -50,98 +74,142 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 DLC_FILE = "dlc.json"  # what dlc reads back: the recipe, the source, the tokenizer
 EXPORT_FORMAT = 1
-LAYER_NORM_EPS = 1e-6  # flax.nnx.LayerNorm's default
+NORM_EPS = 1e-6  # flax.nnx.LayerNorm's and RMSNorm's default
 
 
 def is_export(path: Path) -> bool:
     return path.is_dir() and (path / DLC_FILE).is_file() and (path / CONFIG_FILE).is_file()
 
 
-def gpt2_tensors(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
-    """dlc's parameters under GPT-2's names and layouts (the table in this module's docstring)."""
-    flat = flatten_params(params)
-    D = cfg.width
-    out = {
-        "transformer.wte.weight": flat["embed/embedding"],
-        "transformer.wpe.weight": flat["pos_embed/embedding"],
-        "transformer.ln_f.weight": flat["norm_out/scale"],
-        "transformer.ln_f.bias": flat["norm_out/bias"],
-    }
+@dataclass(frozen=True)
+class _Table:
+    """One block family's Hugging Face layout: dlc path -> (Hugging Face name, transposed)."""
+
+    architecture: str
+    top: dict[str, tuple[str, bool]]
+    block_prefix: str  # of block i's names, with {i}
+    block: dict[str, tuple[str, bool]]  # paths under blocks/i
+    head: tuple[str, bool]  # head/kernel, in untied models
+    # Hugging Face's biases that dlc's blocks lack: written as zeros the size of the named kernel's
+    # output, and refused unless zero when read back.
+    zero_biases: dict[str, str]
+
+
+_GPT2 = _Table(
+    architecture="GPT2LMHeadModel",
+    top={
+        "embed/embedding": ("transformer.wte.weight", False),
+        "pos_embed/embedding": ("transformer.wpe.weight", False),
+        "norm_out/scale": ("transformer.ln_f.weight", False),
+        "norm_out/bias": ("transformer.ln_f.bias", False),
+    },
+    block_prefix="transformer.h.{i}.",
+    block={
+        "norm_attn/scale": ("ln_1.weight", False),
+        "norm_attn/bias": ("ln_1.bias", False),
+        "attn/qkv/kernel": ("attn.c_attn.weight", False),  # GPT-2's Conv1D is [in, out], as dlc's kernels
+        "attn/out/kernel": ("attn.c_proj.weight", False),
+        "norm_mlp/scale": ("ln_2.weight", False),
+        "norm_mlp/bias": ("ln_2.bias", False),
+        "mlp/up/kernel": ("mlp.c_fc.weight", False),
+        "mlp/up/bias": ("mlp.c_fc.bias", False),
+        "mlp/down/kernel": ("mlp.c_proj.weight", False),
+        "mlp/down/bias": ("mlp.c_proj.bias", False),
+    },
+    head=("lm_head.weight", True),
+    zero_biases={"attn.c_attn.bias": "attn/qkv/kernel", "attn.c_proj.bias": "attn/out/kernel"},
+)
+
+_LLAMA = _Table(
+    architecture="LlamaForCausalLM",
+    top={
+        "embed/embedding": ("model.embed_tokens.weight", False),
+        "norm_out/scale": ("model.norm.weight", False),
+    },
+    block_prefix="model.layers.{i}.",
+    block={  # torch's Linear is [out, in]: every kernel transposed
+        "norm_attn/scale": ("input_layernorm.weight", False),
+        "attn/q/kernel": ("self_attn.q_proj.weight", True),
+        "attn/k/kernel": ("self_attn.k_proj.weight", True),
+        "attn/v/kernel": ("self_attn.v_proj.weight", True),
+        "attn/out/kernel": ("self_attn.o_proj.weight", True),
+        "norm_mlp/scale": ("post_attention_layernorm.weight", False),
+        "mlp/gate/kernel": ("mlp.gate_proj.weight", True),
+        "mlp/up/kernel": ("mlp.up_proj.weight", True),
+        "mlp/down/kernel": ("mlp.down_proj.weight", True),
+    },
+    head=("lm_head.weight", True),
+    zero_biases={},
+)
+
+_TABLES = {"gpt": _GPT2, "llama": _LLAMA}
+
+
+def architecture(cfg: ModelConfig) -> str:
+    """The transformers class an export of this model loads as."""
+    return _TABLES[cfg.arch].architecture
+
+
+def _names(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
+    """dlc path -> (Hugging Face name, transposed), for every tensor dlc has."""
+    table = _TABLES[cfg.arch]
+    names = dict(table.top)
     for i in range(cfg.num_layers):
-        b, h = f"blocks/{i}", f"transformer.h.{i}"
-        out |= {
-            f"{h}.ln_1.weight": flat[f"{b}/norm_attn/scale"],
-            f"{h}.ln_1.bias": flat[f"{b}/norm_attn/bias"],
-            f"{h}.attn.c_attn.weight": flat[f"{b}/attn/qkv/kernel"],
-            f"{h}.attn.c_attn.bias": np.zeros(3 * D, np.float32),
-            f"{h}.attn.c_proj.weight": flat[f"{b}/attn/out/kernel"],
-            f"{h}.attn.c_proj.bias": np.zeros(D, np.float32),
-            f"{h}.ln_2.weight": flat[f"{b}/norm_mlp/scale"],
-            f"{h}.ln_2.bias": flat[f"{b}/norm_mlp/bias"],
-            f"{h}.mlp.c_fc.weight": flat[f"{b}/mlp/up/kernel"],
-            f"{h}.mlp.c_fc.bias": flat[f"{b}/mlp/up/bias"],
-            f"{h}.mlp.c_proj.weight": flat[f"{b}/mlp/down/kernel"],
-            f"{h}.mlp.c_proj.bias": flat[f"{b}/mlp/down/bias"],
-        }
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = flat["head/kernel"].T
+        prefix = table.block_prefix.format(i=i)
+        names |= {f"blocks/{i}/{path}": (prefix + name, t) for path, (name, t) in table.block.items()}
+    if not cfg.tie_embeddings:  # tied: the output layer is the input embedding, transposed
+        names["head/kernel"] = table.head
+    return names
+
+
+def _zero_biases(cfg: ModelConfig) -> dict[str, str]:
+    """Hugging Face bias name -> the dlc kernel whose output it would be added to."""
+    table = _TABLES[cfg.arch]
+    return {
+        table.block_prefix.format(i=i) + bias: f"blocks/{i}/{kernel}"
+        for i in range(cfg.num_layers)
+        for bias, kernel in table.zero_biases.items()
+    }
+
+
+def hf_tensors(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
+    """dlc's parameters under Hugging Face's names and layouts (the tables in this module's docstring)."""
+    flat = flatten_params(params)
+    out = {name: flat[path].T if transposed else flat[path] for path, (name, transposed) in _names(cfg).items()}
+    out |= {bias: np.zeros(flat[kernel].shape[-1], np.float32) for bias, kernel in _zero_biases(cfg).items()}
     return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in out.items()}
 
 
 def dlc_params(cfg: ModelConfig, tensors: dict[str, np.ndarray], like: Params, where: str) -> Params:
-    """The inverse of `gpt2_tensors`: GPT-2's tensors back into dlc's parameters, shaped like `like`.
+    """The inverse of `hf_tensors`: Hugging Face's tensors back into dlc's parameters, shaped like `like`.
 
-    The biases dlc's attention lacks must be zero: an export edited to hold others is refused.
+    The biases dlc's blocks lack must be zero: an export edited to hold others is refused.
     """
-    for i in range(cfg.num_layers):
-        for name in (f"transformer.h.{i}.attn.c_attn.bias", f"transformer.h.{i}.attn.c_proj.bias"):
-            if name in tensors and np.any(tensors[name]):
-                raise UserError(f"{where}: {name} is not zero, and dlc's attention has no bias: is it a dlc export?")
-    names = {v: k for k, v in _dlc_names(cfg).items()}
-    expected = flatten_params(like)
+    for name in _zero_biases(cfg):
+        if name in tensors and np.any(tensors[name]):
+            raise UserError(f"{where}: {name} is not zero, and dlc's attention has no bias: is it a dlc export?")
+    names = _names(cfg)
     flat = {}
-    for path, value in expected.items():
-        name = names[path]
+    for path, value in flatten_params(like).items():
+        name, transposed = names[path]
         if name not in tensors:
             raise UserError(f"{where} has no tensor {name}: is it a dlc export of this model?")
-        tensor = tensors[name].T if path == "head/kernel" else tensors[name]
+        tensor = tensors[name].T if transposed else tensors[name]
         if tensor.shape != value.shape:
             raise UserError(f"{where}: {name} has shape {list(tensor.shape)}, the model needs {list(value.shape)}")
         flat[path] = np.asarray(tensor, dtype=np.float32)
     return unflatten_params(flat, like)
 
 
-def _dlc_names(cfg: ModelConfig) -> dict[str, str]:
-    """GPT-2 name -> dlc path, for every tensor dlc has."""
-    names = {
-        "transformer.wte.weight": "embed/embedding",
-        "transformer.wpe.weight": "pos_embed/embedding",
-        "transformer.ln_f.weight": "norm_out/scale",
-        "transformer.ln_f.bias": "norm_out/bias",
-    }
-    for i in range(cfg.num_layers):
-        b, h = f"blocks/{i}", f"transformer.h.{i}"
-        names |= {
-            f"{h}.ln_1.weight": f"{b}/norm_attn/scale",
-            f"{h}.ln_1.bias": f"{b}/norm_attn/bias",
-            f"{h}.attn.c_attn.weight": f"{b}/attn/qkv/kernel",
-            f"{h}.attn.c_proj.weight": f"{b}/attn/out/kernel",
-            f"{h}.ln_2.weight": f"{b}/norm_mlp/scale",
-            f"{h}.ln_2.bias": f"{b}/norm_mlp/bias",
-            f"{h}.mlp.c_fc.weight": f"{b}/mlp/up/kernel",
-            f"{h}.mlp.c_fc.bias": f"{b}/mlp/up/bias",
-            f"{h}.mlp.c_proj.weight": f"{b}/mlp/down/kernel",
-            f"{h}.mlp.c_proj.bias": f"{b}/mlp/down/bias",
-        }
-    if not cfg.tie_embeddings:
-        names["lm_head.weight"] = "head/kernel"
-    return names
+def hf_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
+    """config.json for the model's block family."""
+    return llama_config(cfg, stop_token) if cfg.arch == "llama" else gpt2_config(cfg, stop_token)
 
 
 def gpt2_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
     """config.json of a `GPT2LMHeadModel` with dlc's sizes and what differs from GPT-2's defaults."""
     return {
-        "architectures": ["GPT2LMHeadModel"],
+        "architectures": [_GPT2.architecture],
         "model_type": "gpt2",
         "vocab_size": vocab_size(cfg),
         "n_positions": cfg.context_len,
@@ -150,7 +218,7 @@ def gpt2_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
         "n_head": cfg.num_heads,
         "n_inner": mlp_hidden(cfg),
         "activation_function": "gelu_new",  # jax.nn.gelu's default, the tanh approximation
-        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "layer_norm_epsilon": NORM_EPS,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
@@ -163,9 +231,36 @@ def gpt2_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
     }
 
 
+def llama_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
+    """config.json of a `LlamaForCausalLM` with dlc's sizes, every field that dlc's blocks fix said."""
+    return {
+        "architectures": [_LLAMA.architecture],
+        "model_type": "llama",
+        "vocab_size": vocab_size(cfg),
+        "hidden_size": cfg.width,
+        "intermediate_size": mlp_hidden(cfg),
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": kv_heads(cfg),
+        "head_dim": head_dim(cfg),
+        "max_position_embeddings": cfg.context_len,
+        "rms_norm_eps": NORM_EPS,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": stop_token,
+        "eos_token_id": stop_token,
+        "torch_dtype": "float32",
+    }
+
+
 @dataclass(frozen=True)
 class Exported:
     path: Path
+    architecture: str  # the transformers class it loads as: GPT2LMHeadModel or LlamaForCausalLM
     files: dict[str, int]  # name -> bytes
     tensors: int
     params: int
@@ -181,7 +276,7 @@ def export_model(model: RunModel, out: Path, overwrite: bool = False) -> Exporte
     from safetensors.numpy import save_file
 
     cfg = model.recipe.model
-    tensors = gpt2_tensors(cfg, model.params)
+    tensors = hf_tensors(cfg, model.params)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
@@ -189,7 +284,7 @@ def export_model(model: RunModel, out: Path, overwrite: bool = False) -> Exporte
         os.umask(mask)
         staging.chmod(0o777 & ~mask)  # a directory like any other (mkdtemp makes it private)
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", "source": f"dlc {__version__}"})
-        (staging / CONFIG_FILE).write_text(json.dumps(gpt2_config(cfg, model.stop_token), indent=2) + "\n")
+        (staging / CONFIG_FILE).write_text(json.dumps(hf_config(cfg, model.stop_token), indent=2) + "\n")
         (staging / TOKENIZER_JSON).write_text(model.tokenizer.to_json())
         tokenizer_config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -220,7 +315,7 @@ def export_model(model: RunModel, out: Path, overwrite: bool = False) -> Exporte
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Exported(out, files, len(tensors), sum(int(v.size) for v in tensors.values()))
+    return Exported(out, architecture(cfg), files, len(tensors), sum(int(v.size) for v in tensors.values()))
 
 
 def _check_out(out: Path, overwrite: bool) -> None:

@@ -38,6 +38,8 @@ NOTED = frozenset(
         "node_killed",
         "syncer_died",
         "syncer_restarted",
+        "push_lost",  # an acceptance that died with the syncer: the push is accepted again
+        "round_lost",
         "member_lost",
         "reconfigure",
         "chaos",

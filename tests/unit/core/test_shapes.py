@@ -15,8 +15,13 @@ CFG = ModelConfig(width=32, num_layers=2, num_heads=4, mlp_ratio=4, context_len=
 
 @pytest.mark.parametrize(
     "overrides",
-    [[], ["model.tie_embeddings=false", "model.num_layers=11", "model.mlp_ratio=3"]],
-    ids=["tied", "untied"],
+    [
+        [],
+        ["model.tie_embeddings=false", "model.num_layers=11", "model.mlp_ratio=3"],
+        ["model.arch=llama"],
+        ["model.arch=llama", "model.num_kv_heads=1", "model.tie_embeddings=false", "model.mlp_hidden=100"],
+    ],
+    ids=["tied", "untied", "llama", "llama-gqa-untied"],
 )
 def test_the_shapes_are_the_built_models(overrides):
     from dlc.core.model import build_model, flatten_params

@@ -1,4 +1,4 @@
-"""`dlc export`: a run's model in GPT-2's Hugging Face layout, read back by dlc and by transformers."""
+"""`dlc export`: a run's model in GPT-2's or Llama's Hugging Face layout, read back by dlc and by transformers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ from dlc.use.run_model import load_run_model
 from tests.helpers import assert_user_error, invoke, run_cli
 from tests.unit.use.test_run_model import write_run
 
+# Llama's blocks with grouped-query attention: two key/value heads, each serving two query heads.
+LLAMA = ["model.arch=llama", "model.num_heads=4", "model.num_kv_heads=2"]
+MODELS = {
+    "gpt-tied": [],
+    "gpt-untied": ["model.tie_embeddings=false"],
+    "llama-tied": LLAMA,
+    "llama-untied": [*LLAMA, "model.tie_embeddings=false"],
+}
+TRANSFORMERS = ["gpt-untied", "llama-tied", "llama-untied"]  # the models compared with transformers' own
+
 
 def tokens(vocab: int, context: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, vocab, size=(2, context), dtype=np.int32)
@@ -24,9 +34,9 @@ def export(run, out, *args: str) -> None:
     assert f"to {out}" in result.stdout and WEIGHTS_FILE in result.stdout
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_an_export_read_back_is_the_same_model(tied, tmp_path):
-    write_run(tmp_path / "run", f"model.tie_embeddings={str(tied).lower()}")
+@pytest.mark.parametrize("overrides", MODELS.values(), ids=MODELS.keys())
+def test_an_export_read_back_is_the_same_model(overrides, tmp_path):
+    write_run(tmp_path / "run", *overrides)
     export(tmp_path / "run", tmp_path / "export")
     original, again = load_run_model(tmp_path / "run"), load_export(tmp_path / "export")
     assert again.recipe == original.recipe and again.stop_token == original.stop_token
@@ -77,15 +87,59 @@ def test_the_export_is_gpt2s_layout(tmp_path):
     assert hf.encode("héllo", add_special_tokens=False).ids == list("héllo".encode())
 
 
-def test_transformers_loads_the_export_and_computes_the_same_logits(tmp_path):
+def test_the_export_of_a_llama_model_is_llamas_layout(tmp_path):
+    from safetensors.numpy import load_file
+
+    write_run(tmp_path / "run", *MODELS["llama-untied"], "model.rope_theta=500")
+    export(tmp_path / "run", tmp_path / "export")
+    config = json.loads((tmp_path / "export" / CONFIG_FILE).read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+    assert [config[k] for k in sizes] == [32, 2, 4, 2, 8]
+    # SwiGLU's hidden size: two thirds of 4 x 32, rounded up to a multiple of 64.
+    assert config["intermediate_size"] == 128 and config["max_position_embeddings"] == 64
+    assert (config["rms_norm_eps"], config["rope_theta"], config["hidden_act"]) == (1e-6, 500.0, "silu")
+    assert config["attention_bias"] is False and config["mlp_bias"] is False and config["tie_word_embeddings"] is False
+    tensors = load_file(str(tmp_path / "export" / WEIGHTS_FILE))
+    # torch's Linear is [out, in]: dlc's kernels transposed. Keys and values have 2 heads of 8.
+    block = {
+        "input_layernorm.weight": (32,),
+        "self_attn.q_proj.weight": (32, 32),
+        "self_attn.k_proj.weight": (16, 32),
+        "self_attn.v_proj.weight": (16, 32),
+        "self_attn.o_proj.weight": (32, 32),
+        "post_attention_layernorm.weight": (32,),
+        "mlp.gate_proj.weight": (128, 32),
+        "mlp.up_proj.weight": (128, 32),
+        "mlp.down_proj.weight": (32, 128),
+    }
+    expected = {"model.embed_tokens.weight": (256, 32), "model.norm.weight": (32,), "lm_head.weight": (256, 32)}
+    expected |= {f"model.layers.{i}.{name}": shape for i in range(2) for name, shape in block.items()}
+    assert {name: tensor.shape for name, tensor in tensors.items()} == expected
+    model = load_run_model(tmp_path / "run")
+    params = model.params["blocks"][1]
+    np.testing.assert_array_equal(tensors["model.layers.1.self_attn.k_proj.weight"], params["attn"]["k"]["kernel"].T)
+    np.testing.assert_array_equal(tensors["model.layers.1.mlp.down_proj.weight"], params["mlp"]["down"]["kernel"].T)
+    np.testing.assert_array_equal(tensors["lm_head.weight"], model.params["head"]["kernel"].T)
+    tied = tmp_path / "tied"
+    write_run(tied / "run", *MODELS["llama-tied"])
+    export(tied / "run", tied / "export")
+    assert "lm_head.weight" not in load_file(str(tied / "export" / WEIGHTS_FILE))
+
+
+@pytest.mark.parametrize("overrides", [MODELS[k] for k in TRANSFORMERS], ids=TRANSFORMERS)
+def test_transformers_loads_the_export_and_computes_the_same_logits(overrides, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    write_run(tmp_path / "run", "model.tie_embeddings=false")
+    # init_std 0.1: logits of a few units that depend on every position, so that keys and values grouped
+    # or rotated otherwise than transformers does would be off by ~0.4, not by the ~2e-3 of the default.
+    write_run(tmp_path / "run", *overrides, "model.init_std=0.1")
     export(tmp_path / "run", tmp_path / "export")
     model = load_export(tmp_path / "export")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export"))
-    assert type(hf).__name__ == "GPT2LMHeadModel"
-    x = tokens(256, model.recipe.model.context_len)
+    cfg = model.recipe.model
+    assert type(hf).__name__ == ("LlamaForCausalLM" if cfg.arch == "llama" else "GPT2LMHeadModel")
+    x = tokens(256, cfg.context_len)
     with torch.no_grad():
         theirs = hf(torch.tensor(x, dtype=torch.long)).logits.numpy()
     ours = np.asarray(apply_model(model.graphdef, model.params, x))

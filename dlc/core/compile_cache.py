@@ -2,14 +2,21 @@
 
 A learner that restarts, or a later run of the same recipe, loads its compiled functions instead of
 compiling them again. Many processes share one directory at once, so the cache is written under
-JAX's file lock and repaired before a run of what a killed writer left behind.
+JAX's file lock and repaired before a run of what a killed writer left behind. Learners that would
+compile the same functions take turns (`compile_turn`): the first compiles and fills the cache, the
+others then load from it, instead of all compiling the same thing at once on the same cores.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import threading
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +82,39 @@ def prepare_compilation_cache(configured: str) -> dict[str, Any]:
             "point it at a writable directory or set run.compile_cache=false"
         ) from None
     return {"dir": str(directory), "torn_entries_removed": removed}
+
+
+def compile_key(what: dict[str, Any]) -> str:
+    """A short name for a set of functions to compile: the same for every process that compiles the same."""
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def compile_turn(directory: Path, key: str, wait_s: float) -> Iterator[float]:
+    """Let the first process that compiles what `key` names compile it alone: yields the seconds waited.
+
+    Among the processes sharing `directory`, the first to ask compiles at once and fills the cache;
+    each other one waits until it is done, then finds every function in the cache and loads it,
+    beside the others that waited (a load takes a second or two: no turn is needed for it). The
+    turn is an OS file lock, so a process that dies while compiling passes it on; one that is
+    frozen (SIGSTOP) is waited for at most `wait_s`, after which the waiting process goes on.
+    """
+    import filelock
+
+    asked = time.monotonic()
+    lock = filelock.FileLock(directory / f"compile-{key}.lock")
+    try:
+        lock.acquire(blocking=False)
+    except filelock.Timeout:  # another process compiles it now: wait for it, then load
+        with contextlib.suppress(filelock.Timeout):
+            lock.acquire(timeout=wait_s)
+            lock.release()
+        yield time.monotonic() - asked
+        return
+    try:
+        yield 0.0
+    finally:
+        lock.release()
 
 
 class CompileLog:

@@ -19,11 +19,43 @@ from typing import TYPE_CHECKING, Any
 from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap, release_freed_memory
 from dlc.core.backend import BackendError, start_backend
-from dlc.core.compile_cache import CompileLog, compilation_cache_dir, enable_compilation_cache
+from dlc.core.compile_cache import (
+    CompileLog,
+    compilation_cache_dir,
+    compile_key,
+    compile_turn,
+    enable_compilation_cache,
+)
 from dlc.engine.devices import learner_setup
 
 if TYPE_CHECKING:
     from dlc.algo.protocol import LearnerSync
+
+
+# How long a learner waits for another that compiles the same functions before compiling them itself:
+# longer than any compilation takes, so only a frozen (SIGSTOPped) compiler is not waited for.
+COMPILE_WAIT_S = 600.0
+
+
+def compiled_by(recipe: Recipe, index: int | None, device: dict[str, str]) -> dict[str, Any]:
+    """What decides the functions a learner compiles: learners that agree on it compile the same.
+
+    The model, the shapes of a step (its batch size, the sequence length), the optimizer, the
+    algorithm and its syncer settings (fragments and codecs), and the device; a hot spare (index
+    None) compiles for the learners' default batch size.
+    """
+    batch = recipe.learners.batch_size if index is None else recipe.learners.resolved(index).batch_size
+    return {
+        "model": recipe.model.model_dump(mode="json"),
+        "inner": recipe.inner.model_dump(mode="json"),
+        "algorithm": recipe.algorithm,
+        "syncer": recipe.syncer.model_dump(mode="json"),
+        "blocking": recipe.blocking.model_dump(mode="json"),
+        "batch": batch,
+        "seq_len": recipe.learners.seq_len,
+        "xla_threads": recipe.learners.xla_threads(index),
+        "device": device,
+    }
 
 
 class Startup:
@@ -49,9 +81,11 @@ class Startup:
             who = "hot spare" if index is None else f"learner {index}"
             self.backend_error = f"{who} (pid {os.getpid()}): {exc}"
             return
-        if recipe.run.compile_cache:  # before JAX compiles anything in this process
-            enable_compilation_cache(compilation_cache_dir(recipe.run.compile_cache_dir))
+        self.cache_dir = compilation_cache_dir(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
+        if self.cache_dir is not None:  # before JAX compiles anything in this process
+            enable_compilation_cache(self.cache_dir)
         self.log = CompileLog(cached=recipe.run.compile_cache)
+        self.turn = compile_key(compiled_by(recipe, index, self.device))
         if requested_at is not None:
             self.seconds["process_s"] = round(constructed - requested_at, 3)
 
@@ -77,7 +111,12 @@ class Startup:
         started, log = time.monotonic(), self.log
         before = (sum(log.compiled.values()), log.cache_hits)
         try:
-            sync.compile()
+            if self.cache_dir is None:
+                sync.compile()
+            else:  # after the learner that compiles the same functions first: then only a load
+                with compile_turn(self.cache_dir, self.turn, COMPILE_WAIT_S) as waited:
+                    self.seconds["compile_wait_s"] = round(waited, 3)
+                    sync.compile()
         except Exception:
             failed(traceback.format_exc())
             return

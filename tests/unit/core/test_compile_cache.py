@@ -72,3 +72,47 @@ def test_an_unusable_cache_directory_is_refused_before_the_run_directory_exists(
     result = invoke("train", str(TINY), f"run.dir={run_dir}", f"run.compile_cache_dir={blocker / 'xla'}")
     assert_user_error(result, "run.compile_cache_dir", "run.compile_cache=false")
     assert not run_dir.exists()
+
+
+def test_processes_that_compile_the_same_take_turns(tmp_path):
+    import threading
+    import time
+
+    from dlc.core.compile_cache import compile_turn
+
+    order: list[str] = []
+
+    def compile_as(name: str, key: str) -> None:
+        with compile_turn(tmp_path, key, wait_s=30) as waited:
+            order.append(f"{name} start {waited > 0.2}")
+            time.sleep(0.5)
+            order.append(f"{name} end")
+
+    first = threading.Thread(target=compile_as, args=("a", "same"))
+    first.start()
+    time.sleep(0.1)
+    others = [
+        threading.Thread(target=compile_as, args=args) for args in (("b", "same"), ("b2", "same"), ("c", "other"))
+    ]
+    for t in others:
+        t.start()
+    for t in [first, *others]:
+        t.join()
+    # b and b2 waited for a, then loaded side by side; c, which compiles something else, did not wait.
+    assert order.index("b start True") > order.index("a end") and order.index("b2 start True") > order.index("a end")
+    assert order.index("b2 start True") < order.index("b end") and order.index("b start True") < order.index("b2 end")
+    assert order.index("c start False") < order.index("a end")
+
+
+def test_a_turn_not_given_back_is_waited_for_only_so_long(tmp_path):
+    import filelock
+
+    from dlc.core.compile_cache import compile_turn
+
+    held = filelock.FileLock(tmp_path / "compile-k.lock")
+    held.acquire()  # a frozen compiler's turn: another process's lock, as far as this one can tell
+    try:
+        with compile_turn(tmp_path, "k", wait_s=0.3) as waited:
+            assert 0.3 <= waited < 2
+    finally:
+        held.release()

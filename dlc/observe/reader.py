@@ -53,13 +53,18 @@ def count_params(model: dict[str, Any]) -> int | None:
     when the section lacks a size the count needs."""
     try:
         sizes = {key: int(model[key]) for key in ("width", "num_layers", "context_len", "mlp_ratio")}
+        # Llama's key/value projections depend on the heads; either family's MLP on mlp_hidden.
+        sizes |= {key: int(model[key]) for key in ("num_heads", "num_kv_heads", "mlp_hidden") if model.get(key)}
         tied = bool(model.get("tie_embeddings", True))
         vocab = None if model.get("vocab_size") is None else int(model["vocab_size"])
     except (KeyError, TypeError, ValueError):
         return None
+    arch = model.get("arch", "gpt")
+    if arch not in ("gpt", "llama") or sizes.get("num_heads", 1) < 1:
+        return None
     # Not validated: a recorded recipe is read as it is, like the rest of a run directory, and a
     # section an older dlc wrote still gets its count. The other fields take their defaults.
-    return param_count(ModelConfig.model_construct(**sizes, tie_embeddings=tied, vocab_size=vocab))
+    return param_count(ModelConfig.model_construct(**sizes, arch=arch, tie_embeddings=tied, vocab_size=vocab))
 
 
 def dp_equivalent_bytes(params: int | None, learner_steps: int) -> int | None:

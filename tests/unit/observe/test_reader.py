@@ -75,6 +75,8 @@ def test_count_params_matches_the_model():
         ModelConfig(width=64, num_layers=4, num_heads=4, mlp_ratio=4, context_len=64),
         ModelConfig(width=32, num_layers=2, num_heads=2, mlp_ratio=3, context_len=16, tie_embeddings=False),
         ModelConfig(width=32, num_layers=1, num_heads=2, context_len=16, vocab_size=1000, tie_embeddings=False),
+        ModelConfig(arch="llama", width=64, num_layers=2, num_heads=4, num_kv_heads=2, context_len=16),
+        ModelConfig(arch="llama", width=32, num_layers=1, num_heads=2, mlp_hidden=40, tie_embeddings=False),
     ):
         shapes = jax.eval_shape(lambda cfg=cfg: build_model(cfg, 0)[1])  # shapes only: nothing initialised
         assert count_params(cfg.model_dump()) == model_count(shapes)

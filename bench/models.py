@@ -7,8 +7,8 @@ and bfloat16, one fresh process per arm builds a learner of tiny's recipe at thi
 its step, and times `--steps` steps after two of warm-up: wall ms per step (median of the steps,
 each waited for) and the process's peak RSS. Arms run in a shuffled order, one after another.
 
-On CPU, bfloat16 is emulated and is slower, not faster: the table shows what it costs in memory
-and time here, not what a GPU gains. Prints a Markdown table and records it, with the command,
+On CPU, XLA emulates bfloat16: the table shows what it costs in memory and time here, not what a
+GPU gains. Prints a Markdown table and records it, with the command,
 commit, machine and date, in bench/RESULTS.md.
 """
 

@@ -3,8 +3,8 @@
 Two families of blocks (`model.arch`): GPT-2's (learned positions, LayerNorm, a GELU MLP, one fused
 query/key/value projection) and Llama's (rotary positions, RMSNorm, a SwiGLU MLP, no biases, and
 grouped-query attention where model.num_kv_heads < num_heads). Parameters are float32 whatever
-model.compute_dtype says; with bfloat16, matmuls and activations run in it and the logits come back
-float32, for the loss.
+model.compute_dtype says; with bfloat16, matmuls and activations run in it, but the output layer
+runs in float32, so the logits and the loss keep their precision.
 
 The model is built once with `build_model`; training code then works on its parameters as a
 plain nested dict of arrays (`split_params`), so the jitted step is a pure function and the
@@ -171,9 +171,12 @@ class Transformer(nnx.Module):
             x_BxTxD = x_BxTxD + self.pos_embed(positions_T)[None]
         for block in self.blocks:
             x_BxTxD = block(x_BxTxD, positions_T)
-        x_BxTxD = self.norm_out(x_BxTxD)
-        logits_BxTxV = self.embed.attend(x_BxTxD) if self.head is None else self.head(x_BxTxD)
-        return logits_BxTxV.astype(jnp.float32)
+        # The output layer in float32 whatever the compute dtype: with a large vocabulary, bfloat16 logits
+        # (about 3 significant digits) would add noise to the loss.
+        x_BxTxD = self.norm_out(x_BxTxD).astype(jnp.float32)
+        if self.head is None:
+            return x_BxTxD @ self.embed.embedding[...].T
+        return x_BxTxD @ self.head.kernel[...]
 
 
 def build_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, Params]:

@@ -277,8 +277,11 @@ def export_model(model: RunModel, out: Path, overwrite: bool = False) -> Exporte
 
     cfg = model.recipe.model
     tensors = hf_tensors(cfg, model.params)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as exc:
+        raise _unwritable(out, exc) from None
     try:
         mask = os.umask(0)
         os.umask(mask)
@@ -309,16 +312,29 @@ def export_model(model: RunModel, out: Path, overwrite: bool = False) -> Exporte
         for file in staging.iterdir():
             file.chmod(0o666 & ~mask)  # safetensors writes its file private
         files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
-        if out.exists():  # empty, or an earlier export with overwrite: replaced only now
-            shutil.rmtree(out)
+        # Empty, or an earlier export with overwrite: moved aside, and removed once the new one is in place.
+        old = out.parent / f".{out.name}.replaced-{os.getpid()}" if out.exists() else None
+        if old is not None:
+            out.rename(old)
         staging.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _unwritable(out, exc) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return Exported(out, architecture(cfg), files, len(tensors), sum(int(v.size) for v in tensors.values()))
 
 
+def _unwritable(out: Path, exc: OSError) -> UserError:
+    return UserError(f"cannot write --out {str(out)!r} ({exc.strerror or exc}): choose a writable directory")
+
+
 def _check_out(out: Path, overwrite: bool) -> None:
+    if out.is_symlink():
+        raise UserError(f"--out {str(out)!r} is a symbolic link: pass the directory itself, or a new one")
     if not out.exists():
         return
     if not out.is_dir():

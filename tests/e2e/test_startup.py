@@ -75,7 +75,6 @@ def test_learners_compile_once_and_a_second_run_loads_from_the_cache(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         training = [e for e in read_jsonl(tmp_path / name / "events.jsonl") if e["kind"] == "learner_training"]
         sources.append(sorted(e["compiled_from"] for e in training))
-        if name == "first":  # on the empty cache: one learner compiled, the other waited for it and loaded
-            loader = next(e for e in training if e["compiled_from"] == "cache")
-            assert loader["compile_wait_s"] > 0
+    # On the empty cache one learner compiled, and the other loaded what it compiled (having waited for
+    # it, or come after it); the second run loaded everything.
     assert sources == [["cache", "xla"], ["cache", "cache"]]

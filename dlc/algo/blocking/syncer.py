@@ -334,6 +334,9 @@ class BarrierSyncer(GlobalFragments):
         meta = {
             "versions": [self.version],
             **self.counters.state(),
+            # Those a restored syncer holds: the contributions of the round under way are not saved, and
+            # are accepted again when their learners re-send them.
+            "accepted": self.counters.accepted - len(self.received),
             "pauses": self.pauses,
             "paused_s": self.paused_s,
             "rejections": dict(self.rejections),

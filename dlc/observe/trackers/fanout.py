@@ -2,7 +2,8 @@
 
 `check_trackers` runs before anything is written (a missing package, an unreachable MLflow server or
 no W&B login is one line, exit code 2). `Trackers.open` starts them once the run has begun and keeps
-their run ids in trackers.json, so a resume goes on in the same tracker runs. The driver makes the
+their run ids in trackers.json, so a resume goes on in the same tracker runs; one that fails to start
+then is left out with one line. The driver makes the
 result the run directory's observer: each event, metric and status written reaches every tracker.
 A tracker that raises later is switched off with one line; training goes on.
 """
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dlc.config.schema import Recipe
-from dlc.errors import UserError
 from dlc.observe.trackers.points import EventCounts, Note, Point, metric_points, status_points
 from dlc.run.files import TRACKERS_FILE, read_json, write_json_atomic
 
@@ -88,17 +88,12 @@ class Trackers:
         kept = read_json(run_dir / TRACKERS_FILE) or {}
         opened: list[Tracker] = []
         for name in recipe.track:
+            # `check_trackers` refused what could be foreseen; the run directory has begun by now, so a
+            # tracker that fails here is left out, like one that fails later, and training goes on.
             try:
                 opened.append(_module(name).open_tracker(Opening(recipe, run_dir, kept.get(name) or {})))
             except Exception as exc:
-                for tracker in opened:
-                    with contextlib.suppress(Exception):
-                        tracker.close("failed")
-                if isinstance(exc, UserError):
-                    raise
-                raise UserError(
-                    f"tracker {name} did not start ({_reason(exc)}): fix it, or remove {name} from track"
-                ) from None
+                say(f"tracker {name} did not start ({_reason(exc)}): this run goes on without it")
         ids = {tracker.name: tracker.kept for tracker in opened if tracker.kept}
         if ids:
             write_json_atomic(run_dir / TRACKERS_FILE, {**kept, **ids})

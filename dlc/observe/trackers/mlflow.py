@@ -107,6 +107,10 @@ class MlflowTracker:
         if urlparse(uri).scheme in ("", "file"):
             # MLflow 3 keeps the file store in maintenance and refuses it unless asked for
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # Its calls run in the driver's loop: a server that stops answering must fail them in seconds
+        # (the tracker is then switched off), not after MLflow's default 7 retries of 120 s. Set by hand, they win.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         from mlflow.entities import Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient

@@ -81,27 +81,31 @@ def test_processes_that_compile_the_same_take_turns(tmp_path):
     from dlc.core.compile_cache import compile_turn
 
     order: list[str] = []
+    first_compiles = threading.Event()
 
     def compile_as(name: str, key: str) -> None:
         with compile_turn(tmp_path, key, wait_s=30) as waited:
-            order.append(f"{name} start {waited > 0.2}")
+            order.append(f"{name} start {'after waiting' if waited > 0 else 'at once'}")
+            if name == "a":
+                first_compiles.set()
             time.sleep(0.5)
             order.append(f"{name} end")
 
     first = threading.Thread(target=compile_as, args=("a", "same"))
     first.start()
-    time.sleep(0.1)
-    others = [
-        threading.Thread(target=compile_as, args=args) for args in (("b", "same"), ("b2", "same"), ("c", "other"))
-    ]
+    assert first_compiles.wait(10)  # a holds the turn from here until "a end"
+    later = (("b", "same"), ("b2", "same"), ("c", "other"))
+    others = [threading.Thread(target=compile_as, args=args) for args in later]
     for t in others:
         t.start()
     for t in [first, *others]:
         t.join()
     # b and b2 waited for a, then loaded side by side; c, which compiles something else, did not wait.
-    assert order.index("b start True") > order.index("a end") and order.index("b2 start True") > order.index("a end")
-    assert order.index("b2 start True") < order.index("b end") and order.index("b start True") < order.index("b2 end")
-    assert order.index("c start False") < order.index("a end")
+    assert order.index("b start after waiting") > order.index("a end")
+    assert order.index("b2 start after waiting") > order.index("a end")
+    assert order.index("b2 start after waiting") < order.index("b end")
+    assert order.index("b start after waiting") < order.index("b2 end")
+    assert order.index("c start at once") < order.index("a end")
 
 
 def test_a_turn_not_given_back_is_waited_for_only_so_long(tmp_path):

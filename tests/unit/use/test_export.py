@@ -185,6 +185,18 @@ def _damage(path, name: str, data: bytes) -> None:
 BAD = [
     ("out-is-a-file", lambda t: (t / "f").write_text("x"), ["export", "{run}", "--out", "{tmp}/f"], ["is a file"]),
     (
+        "out-is-a-link",
+        lambda t: (t / "empty").mkdir() or (t / "link").symlink_to(t / "empty"),
+        ["export", "{run}", "--out", "{tmp}/link"],
+        ["is a symbolic link"],
+    ),
+    (
+        "out-cannot-be-written",
+        lambda t: (t / "f").write_text("x"),
+        ["export", "{run}", "--out", "{tmp}/f/e"],
+        ["cannot write --out", "writable directory"],
+    ),
+    (
         "out-holds-other-files",
         lambda t: (t / "d").mkdir() or (t / "d" / "notes.txt").write_text("x"),
         ["export", "{run}", "--out", "{tmp}/d"],

@@ -27,12 +27,26 @@ class LinkSpec:
         return self.bandwidth_mbps is not None or self.latency_ms > 0 or self.jitter_ms > 0
 
 
+class MeshConfig(Section):
+    """How a learner's devices divide its work: data x fsdp = learners.devices."""
+
+    data: int = Field(1, ge=1, description="Replicas of the parameters; the batch is split over them.")
+    fsdp: int | None = Field(
+        None,
+        ge=1,
+        description="Devices each parameter, gradient and optimizer state is sharded over (the batch is split over "
+        "them too). Default: devices / data.",
+    )
+
+
 @dataclass(frozen=True)
 class LearnerSettings:
     """Everything that may differ between learners, resolved for one of them."""
 
     index: int
     batch_size: int
+    devices: int  # devices the learner trains on: data x fsdp
+    mesh: tuple[int, int]  # (data, fsdp)
     step_time_s: float
     num_cpus: float
     num_gpus: float
@@ -45,10 +59,12 @@ class LearnerSettings:
 class LearnerOverride(Section):
     index: int = Field(..., ge=0, description="Which learner (0-based) these settings apply to.")
     batch_size: int | None = Field(None, ge=1, description="Sequences per inner step for this learner.")
+    devices: int | None = Field(None, ge=1, description="Devices this learner trains on (see learners.devices).")
+    mesh: MeshConfig | None = Field(None, description="How this learner's devices divide its work.")
     step_time_s: float | None = Field(None, ge=0, description="Pace: this learner never steps faster than this.")
     num_cpus: float | None = Field(None, ge=0, description="Ray CPU resources reserved for this learner.")
     num_gpus: float | None = Field(
-        None, ge=0, description="GPU share reserved for this learner (0: it trains on CPU; at most 1)."
+        None, ge=0, description="GPU share reserved for this learner (0: it trains on CPU; above 1: its devices)."
     )
     accelerator_type: str | None = Field(
         None, description="Ray accelerator type this learner's GPU must be (e.g. H100, A100), on a mixed cluster."
@@ -68,13 +84,26 @@ class LearnersConfig(Section):
     count: int = Field(1, ge=1, description="Number of learners (M).")
     batch_size: int = Field(16, ge=1, description="Sequences per inner step, per learner.")
     seq_len: int = Field(128, ge=2, description="Training sequence length in bytes; at most model.context_len.")
+    devices: int = Field(
+        1,
+        ge=1,
+        description="Devices each learner trains on, as one model: N GPUs of one node (num_gpus must be N), or on "
+        "CPU N host devices of the learner's process. The batch is split over them; parameters, gradients and "
+        "optimizer state are sharded as learners.mesh says.",
+    )
+    mesh: MeshConfig = Field(
+        default_factory=MeshConfig,
+        description="How a learner's devices divide its work: {data: a, fsdp: b} with a x b = devices. Default: "
+        "everything sharded (fsdp = devices).",
+    )
     step_time_s: float = Field(0.0, ge=0, description="Pace: no learner steps faster than this (0 = no pace).")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPU resources reserved per learner.")
     num_gpus: float = Field(
         0.0,
         ge=0,
-        description="GPU share reserved per learner, at most 1: 0 trains on CPU, 1 a whole GPU, 0.25 puts 4 learners "
-        "on one GPU (each may fill 90% of its share of the GPU's memory).",
+        description="GPU share reserved per learner: 0 trains on CPU, 1 a whole GPU, 0.25 puts 4 learners on one GPU "
+        "(each may fill 90% of its share of the GPU's memory); N > 1 whole GPUs of one node for a learner of "
+        "learners.devices=N.",
     )
     accelerator_type: str | None = Field(
         None,
@@ -148,9 +177,15 @@ class LearnersConfig(Section):
             value = getattr(override, name) if override is not None else None
             return getattr(self, name) if value is None else value
 
+        devices = pick("devices")
+        mesh = pick("mesh")
+        data = mesh.data
+        fsdp = mesh.fsdp if mesh.fsdp is not None else max(devices // data, 1)
         return LearnerSettings(
             index=index,
             batch_size=pick("batch_size"),
+            devices=devices,
+            mesh=(data, fsdp),
             step_time_s=pick("step_time_s"),
             num_cpus=pick("num_cpus"),
             num_gpus=pick("num_gpus"),

@@ -32,6 +32,8 @@ def reference_markdown() -> str:
                 default: Any = sub.default_factory()  # type: ignore[call-arg]
             else:
                 default = "required" if sub.default is PydanticUndefined else sub.default
+            if isinstance(default, BaseModel):  # a nested section: its defaults
+                default = default.model_dump(mode="json")
             shown = default if default == "required" else json.dumps(default)
             lines.append(f"| `{section}.{name}` | `{shown}` | {sub.description} |")
             item = next(iter(getattr(sub.annotation, "__args__", ())), None)

@@ -81,10 +81,34 @@ class Recipe(Section):
         for where, gpus in [("learners.num_gpus", self.learners.num_gpus)] + [
             (f"learners.overrides[index={o.index}].num_gpus", o.num_gpus) for o in self.learners.overrides
         ]:
-            if gpus is not None and gpus > 1:
+            if gpus is not None and gpus > 1 and gpus != int(gpus):
                 raise ValueError(
-                    f"{where}={gpus:g}: a learner trains on one device, so it uses at most 1 GPU: set 1 for a "
-                    "whole GPU, or a fraction (0.25 puts 4 learners on one GPU)"
+                    f"{where}={gpus:g}: a learner takes a share of one GPU or whole GPUs: set a fraction (0.25 puts "
+                    "4 learners on one GPU), 1, or a whole number of GPUs with learners.devices equal to it"
+                )
+        for i in range(self.learners.count):
+            one = self.learners.resolved(i)
+            where = "learners" if not any(o.index == i for o in self.learners.overrides) else f"learner {i}"
+            data, fsdp = one.mesh
+            if data * fsdp != one.devices:
+                raise ValueError(
+                    f"{where}: mesh data={data} x fsdp={fsdp} is {data * fsdp} devices but devices={one.devices}: "
+                    "make data x fsdp equal devices"
+                )
+            if one.batch_size % one.devices:
+                raise ValueError(
+                    f"{where}: batch_size={one.batch_size} does not split over devices={one.devices}: each device "
+                    "takes an equal part of the batch, so make batch_size a multiple of devices"
+                )
+            if one.num_gpus > 1 and one.num_gpus != one.devices:
+                raise ValueError(
+                    f"{where}: num_gpus={one.num_gpus:g} but devices={one.devices}: a learner on N GPUs trains on N "
+                    f"devices, so set devices={int(one.num_gpus)} (or num_gpus=1 for one GPU)"
+                )
+            if one.num_gpus > 0 and one.devices > 1 and one.num_gpus != one.devices:
+                raise ValueError(
+                    f"{where}: devices={one.devices} on GPUs needs num_gpus={one.devices}: a learner's devices are "
+                    "whole GPUs of one node"
                 )
         for o in self.learners.overrides:
             if o.accelerator_type is not None and self.learners.resolved(o.index).num_gpus == 0:

@@ -37,6 +37,7 @@ import numpy as np
 from dlc.core.codec import Encoded, get_codec
 from dlc.core.fragments import FragmentPlan
 from dlc.core.model import Params
+from dlc.core.sharding import Placement
 
 
 def leaf_names(params: Params) -> list[str]:
@@ -221,11 +222,15 @@ class FragmentOps:
         block_size: int,
         device: Any = None,
         layout: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.plan = plan
         self.codec = get_codec(codec, block_size)
         self.codec_name, self.block_size = codec, block_size
-        self.device = device or jax.devices()[0]
+        # A learner on several devices (`placement.sharded`): vectors are replicated on them, and the
+        # written leaves keep the parameters' sharding.
+        self.placement = placement
+        self.device = placement.device if placement is not None else device or jax.devices()[0]
         self.sizes = [plan.size(p) for p in range(plan.num_fragments)]
         # A multiple of the block (and even, for int4 pairs) so the codes of a block never straddle.
         quantum = block_size if codec in ("int4", "int8") else 2
@@ -236,6 +241,7 @@ class FragmentOps:
         self.treedef = jax.tree_util.tree_structure(like)
         self.group, self.slots = found.group, found.slots
         self.tables = [self.put(table) for table in found.tables]  # each fragment's argument to both
+        self.functions = found.functions
         self.extract = [jax.jit(extract) for extract, _ in found.functions]
         self.swap = [jax.jit(swap, donate_argnums=(0,)) for _, swap in found.functions]
         self._zeros = self.put(np.zeros(self.M, np.float32))
@@ -260,6 +266,10 @@ class FragmentOps:
             for g, (extract, swap) in enumerate(zip(self.extract, self.swap, strict=True)):
                 p = self.group.index(g)  # the first fragment it serves
                 mine, table = [leaves[i] for i in self.slots[p]], self.tables[p]
+                if self.placement is not None and self.placement.sharded:  # fixed layouts in and out
+                    raw_extract, raw_swap = self.functions[g]
+                    extract = jax.jit(raw_extract, out_shardings=self.placement.replicated)
+                    swap = jax.jit(raw_swap, donate_argnums=(0,), out_shardings=[x.sharding for x in mine])
                 extracts.append(extract.lower(mine, vector, table).compile())
                 swaps.append(swap.lower(mine, table, vector, vector, scalar, scalar).compile())
             self._extract, self._swap = extracts, swaps
@@ -267,8 +277,9 @@ class FragmentOps:
     # -- host <-> device ----------------------------------------------------------------------
 
     def put(self, x: np.ndarray) -> jax.Array:
-        """A host array on this learner's device (committed, as every input of the jitted functions)."""
-        return jax.device_put(x, self.device)
+        """A host array on this learner's device (committed, as every input of the jitted functions);
+        on several devices, whole on each."""
+        return jax.device_put(x, self.placement.replicated if self.placement is not None else self.device)
 
     def pad(self, p: int, vector: np.ndarray) -> np.ndarray:
         """Fragment p's flat float32 vector, zero-padded to M."""

@@ -17,6 +17,7 @@ import numpy as np
 
 from dlc.config.schema import Recipe
 from dlc.core.model import Params, build_model
+from dlc.core.sharding import Placement
 from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
 from dlc.data.plan import StreamSource, open_stream
 
@@ -40,14 +41,20 @@ class Learner:
         self.pace_s = recipe.learners.resolved(index).step_time_s
         self.graphdef, params = build_model(recipe.model, recipe.run.seed)
         self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
-        # Every array the jitted functions see is committed to this device: jit compiles a
+        # Every array the jitted functions see is committed to this learner's devices: jit compiles a
         # function once per mix of committed and uncommitted inputs.
-        self.device = jax.devices()[0]
+        settings = recipe.learners.resolved(index)
+        self.placement = Placement(settings.devices, settings.mesh)
+        self.device = self.placement.device
         self.params: Params = self.place(params)
         self.opt_state: Any = self.place(self.optimizer.init(self.params))
         # None: a hot spare, which holds no data until it takes a learner's slot (`rebind`).
         self.stream: Any = None if source is None else open_stream(source, self.batch_size, self.seq_len)
-        self._train_step = make_train_step(self.graphdef, self.optimizer)
+        shardings = None
+        if self.placement.sharded:
+            layouts = (self.placement.tree(self.params), self.placement.tree(self.opt_state))
+            shardings = (*layouts, self.placement.batch, self.placement.replicated)
+        self._train_step = make_train_step(self.graphdef, self.optimizer, shardings)
         self._step_fn: Any = None  # the compiled train step: `compile`
         self._compiling = threading.Lock()  # the engine compiles in a thread of its own
         self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
@@ -58,8 +65,8 @@ class Learner:
         self._last_start = 0.0
 
     def place(self, tree: Any) -> Any:
-        """Host or device arrays, committed to this learner's device."""
-        return jax.device_put(tree, self.device)
+        """Host or device arrays, committed to this learner's devices (sharded over several)."""
+        return self.placement.put(tree)
 
     @property
     def tokens_per_step(self) -> int:

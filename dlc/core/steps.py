@@ -51,7 +51,12 @@ def cross_entropy(graphdef: nnx.GraphDef, params: Params, x_BxT: jax.Array, y_Bx
     return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, y_BxT).mean()
 
 
-def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation) -> TrainStep:
+def make_train_step(
+    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, shardings: tuple[Any, Any, Any, Any] | None = None
+) -> TrainStep:
+    """The jitted inner step. `shardings`, for a learner on several devices: the layouts of the parameters,
+    the optimizer state, a batch, and replicated values; the step keeps the state where it is."""
+
     def train_step(params: Params, opt_state: Any, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[Params, Any, Metrics]:
         loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -59,7 +64,15 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
     # Donation lets XLA update parameters and moments in place instead of copying them.
-    return jax.jit(train_step, donate_argnums=(0, 1))
+    if shardings is None:
+        return jax.jit(train_step, donate_argnums=(0, 1))
+    params, opt_state, batch, replicated = shardings
+    return jax.jit(
+        train_step,
+        donate_argnums=(0, 1),
+        in_shardings=(params, opt_state, batch, batch),
+        out_shardings=(params, opt_state, replicated),
+    )
 
 
 GradStep = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params, jax.Array]]

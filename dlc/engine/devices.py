@@ -70,10 +70,17 @@ class DeviceSetup:
         return out
 
 
-def process_env(num_gpus: float, user_env: Mapping[str, str], keep_memory: bool = False) -> dict[str, str]:
+def process_env(
+    num_gpus: float, user_env: Mapping[str, str], keep_memory: bool = False, devices: int = 1
+) -> dict[str, str]:
     """The environment a process reserving `num_gpus` GPUs starts with; `keep_memory`: one that
-    keeps the memory it frees (learners and the evaluator, by `learners.keep_freed_memory`)."""
+    keeps the memory it frees (learners and the evaluator, by `learners.keep_freed_memory`). A
+    learner of `devices` > 1 on CPU gets that many host devices (XLA's flag, read as JAX starts)."""
     env = {"JAX_PLATFORMS": "cpu"}
+    if num_gpus == 0 and devices > 1:
+        # First: XLA stops reading its flags at a word without dashes, which the thread limits hold.
+        flags = user_env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {flags}".strip()
     if num_gpus > 0:
         # Empty: JAX chooses (the GPU). The driver's own JAX_PLATFORMS=cpu must not reach this process.
         env = {"JAX_PLATFORMS": "", "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(num_gpus, 1.0) * GPU_MEMORY_SHARE:.4g}"}
@@ -102,7 +109,10 @@ def learner_setup(recipe: Recipe, index: int | None, user_env: Mapping[str, str]
         num_gpus=settings.num_gpus,
         accelerator_type=settings.accelerator_type if settings.num_gpus > 0 else None,
         env=process_env(
-            settings.num_gpus, os.environ if user_env is None else user_env, recipe.learners.keep_freed_memory
+            settings.num_gpus,
+            os.environ if user_env is None else user_env,
+            recipe.learners.keep_freed_memory,
+            settings.devices,
         ),
     )
 
@@ -131,9 +141,17 @@ def isolate_driver(environ: Any = None) -> None:
 
 
 def same_setup(recipe: Recipe, a: int | None, b: int | None) -> bool:
-    """Whether learners `a` and `b` (None: a hot spare) run on the same kind of device with the same share."""
+    """Whether learners `a` and `b` (None: a hot spare) run on the same kind of device with the same share,
+    and as many of them."""
     pa, pb = learner_setup(recipe, a, {}), learner_setup(recipe, b, {})
-    return (pa.num_cpus, pa.num_gpus, pa.accelerator_type) == (pb.num_cpus, pb.num_gpus, pb.accelerator_type)
+    da, db = (recipe.learners.resolved(-1 if i is None else i) for i in (a, b))
+    return (pa.num_cpus, pa.num_gpus, pa.accelerator_type, da.devices, da.mesh) == (
+        pb.num_cpus,
+        pb.num_gpus,
+        pb.accelerator_type,
+        db.devices,
+        db.mesh,
+    )
 
 
 # -- does the cluster have what the recipe reserves? ----------------------------------------------

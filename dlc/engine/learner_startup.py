@@ -44,14 +44,16 @@ def compiled_by(recipe: Recipe, index: int | None, device: dict[str, str]) -> di
     algorithm and its syncer settings (fragments and codecs), and the device; a hot spare (index
     None) compiles for the learners' default batch size.
     """
-    batch = recipe.learners.batch_size if index is None else recipe.learners.resolved(index).batch_size
+    settings = recipe.learners.resolved(-1 if index is None else index)
     return {
         "model": recipe.model.model_dump(mode="json"),
         "inner": recipe.inner.model_dump(mode="json"),
         "algorithm": recipe.algorithm,
         "syncer": recipe.syncer.model_dump(mode="json"),
         "blocking": recipe.blocking.model_dump(mode="json"),
-        "batch": batch,
+        "batch": settings.batch_size,
+        "devices": settings.devices,
+        "mesh": settings.mesh,
         "seq_len": recipe.learners.seq_len,
         "xla_threads": recipe.learners.xla_threads(index),
         "device": device,

@@ -84,7 +84,9 @@ class DecoupledLearnerSync:
         self.learner = learner
         self.plan = plan
         self.view = ParamView(learner.params)
-        self.ops = FragmentOps(plan, learner.params, traffic.up_codec, cfg.codec_block_values, learner.device)
+        self.ops = FragmentOps(
+            plan, learner.params, traffic.up_codec, cfg.codec_block_values, placement=learner.placement
+        )
         self.transport = transport
         self._push = push
         self.tau = cfg.overlap_steps

@@ -41,10 +41,10 @@ def test_overrides_apply(tmp_path):
         (["run.max_steps=null"], "no stop condition"),
         (["learners.count"], "is not key=value"),
         (["data.source=text"], "data.source=text needs data.paths"),
-        (["learners.num_gpus=2"], "learners.num_gpus=2: a learner trains on one device, so it uses at most 1 GPU"),
+        (["learners.num_gpus=2"], "learners: num_gpus=2 but devices=1: a learner on N GPUs trains on N devices"),
         (
             ["learners.overrides=[{index: 1, num_gpus: 1.5}]"],
-            "learners.overrides[index=1].num_gpus=1.5: a learner trains on one device",
+            "learners.overrides[index=1].num_gpus=1.5: a learner takes a share of one GPU or whole GPUs",
         ),
         (
             ["learners.overrides=[{index: 2, accelerator_type: H100}]"],

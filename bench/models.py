@@ -1,11 +1,13 @@
-"""A learner's step time and memory for each model family and compute dtype: one learner, no syncer, no Ray.
+"""A learner's step time and memory for each model family, compute dtype and device count: no syncer, no Ray.
 
     python bench/models.py [--width 256] [--layers 4] [--seq 256] [--batch 8] [--steps 30]
 
 For gpt and llama blocks (llama with a quarter of the query heads as key/value heads), in float32
-and bfloat16, one fresh process per arm builds a learner of tiny's recipe at this size, compiles
-its step, and times `--steps` steps after two of warm-up: wall ms per step (median of the steps,
-each waited for) and the process's peak RSS. Arms run in a shuffled order, one after another.
+and bfloat16, on one device and (llama) on two host devices sharded over fsdp, one fresh process
+per arm builds a learner of tiny's recipe at this size, compiles its step, and times `--steps`
+steps after two of warm-up: wall ms per step (median of the steps, each waited for) and the
+process's peak RSS. Arms run in a shuffled order, one after another. Two host devices share the
+same cores as one: that arm shows what sharding costs here, not what a second GPU gains.
 
 On CPU, XLA emulates bfloat16: the table shows what it costs in memory and time here, not what a
 GPU gains. Prints a Markdown table and records it, with the command,
@@ -23,7 +25,14 @@ import sys
 
 import runner  # first: it puts this checkout's dlc on the path
 
-ARMS = [("gpt", "float32"), ("gpt", "bfloat16"), ("llama", "float32"), ("llama", "bfloat16")]
+ARMS = [
+    ("gpt", "float32", 1),
+    ("gpt", "bfloat16", 1),
+    ("llama", "float32", 1),
+    ("llama", "bfloat16", 1),
+    ("llama", "float32", 2),
+    ("llama", "bfloat16", 2),
+]
 
 
 def measure_here(args: argparse.Namespace) -> dict:
@@ -51,6 +60,7 @@ def measure_here(args: argparse.Namespace) -> dict:
         f"model.context_len={args.seq}",
         f"learners.seq_len={args.seq}",
         f"learners.batch_size={args.batch}",
+        f"learners.devices={args.devices}",
         f"data.block_bytes={max(4096, 2 * args.seq)}",
     ]
     if args.arch == "llama":
@@ -82,6 +92,7 @@ def main() -> None:
     parser.add_argument("--results", default=str(runner.RESULTS))
     parser.add_argument("--arch", help=argparse.SUPPRESS)  # set for the child process of one arm
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arch:
         print(json.dumps(measure_here(args)))
@@ -89,29 +100,33 @@ def main() -> None:
     arms = ARMS[:]
     random.shuffle(arms)
     rows = {}
-    for arch, dtype in arms:
-        child = [sys.executable, __file__, *sys.argv[1:], "--arch", arch, "--dtype", dtype]
+    for arch, dtype, devices in arms:
+        child = [sys.executable, __file__, *sys.argv[1:], "--arch", arch, "--dtype", dtype, "--devices", str(devices)]
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        if devices > 1:  # as dlc gives a learner's process its host devices
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {env.get('XLA_FLAGS', '')}".strip()
         out = subprocess.run(child, capture_output=True, text=True, env=env, check=True, cwd=runner.REPO).stdout
-        rows[arch, dtype] = json.loads(out.strip().splitlines()[-1])
-        print(arch, dtype, rows[arch, dtype], file=sys.stderr)
+        rows[arch, dtype, devices] = json.loads(out.strip().splitlines()[-1])
+        print(arch, dtype, devices, rows[arch, dtype, devices], file=sys.stderr)
     lines = [
         f"One learner, batch {args.batch} x {args.seq} tokens, width {args.width}, {args.layers} blocks "
         "(llama: a quarter of the query heads as key/value heads); wall ms per step, median of "
-        f"{args.steps}; peak RSS of the learner's process. On CPU bfloat16 is emulated: no speed claim.",
+        f"{args.steps}; peak RSS of the learner's process. On CPU bfloat16 is emulated and host devices share "
+        "the cores: no speed claim.",
         "",
-        "| arch | compute dtype | parameters | ms per step | vs float32 | peak RSS (MiB) |",
-        "|---|---|---|---|---|---|",
+        "| arch | compute dtype | devices | parameters | ms per step | vs float32 on 1 device | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for arch, dtype in ARMS:
-        row, base = rows[arch, dtype], rows[arch, "float32"]
+    for arch, dtype, devices in ARMS:
+        row, base = rows[arch, dtype, devices], rows[arch, "float32", 1]
         lines.append(
-            f"| {arch} | {dtype} | {row['params']:,} | {row['ms']:.1f} | {row['ms'] / base['ms']:.2f}x "
+            f"| {arch} | {dtype} | {devices} | {row['params']:,} | {row['ms']:.1f} | {row['ms'] / base['ms']:.2f}x "
             f"| {row['rss_mib']:.0f} |"
         )
     options = [f"--{k} {getattr(args, k)}" for k in ("width", "layers", "seq", "batch", "steps")]
     provenance = runner.Provenance.here(runner.bench_command("models.py", options))
-    runner.record(f"Model families and compute dtypes (width {args.width})", provenance, "\n".join(lines), args.results)
+    title = f"Model families, compute dtypes and devices (width {args.width})"
+    runner.record(title, provenance, "\n".join(lines), args.results)
 
 
 if __name__ == "__main__":

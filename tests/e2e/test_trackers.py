@@ -1,5 +1,8 @@
 """Experiment trackers on the real CLI: a short run logged to TensorBoard, W&B (offline) and MLflow (the file
-store in the run directory), then resumed for a few more steps into the same tracker runs."""
+store in the run directory), then resumed for a few more steps into the same tracker runs.
+
+The run is also the suite's mixed-device run (end-to-end runs are its main cost on 2 cores): learner 0
+trains on 2 host devices with twice the batch, beside learner 1 on one device."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import TINY, run_cli
+from tests.helpers import TINY, read_jsonl, run_cli
 from tests.tracker_files import (
     mlflow_series,
     tensorboard_scalars,
@@ -27,7 +30,7 @@ def wandb_services() -> set[int]:
     return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] and "wandb-core" in p.info["name"]}
 
 
-def test_a_run_and_its_resume_log_to_the_same_tracker_runs(tmp_path, monkeypatch):
+def test_a_mixed_run_and_its_resume_log_to_the_same_tracker_runs(tmp_path, monkeypatch):
     run = tmp_path / "run"
     env = wandb_env(tmp_path / "wandb-home")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read the file store here
@@ -35,7 +38,9 @@ def test_a_run_and_its_resume_log_to_the_same_tracker_runs(tmp_path, monkeypatch
         "train",
         str(TINY),
         f"run.dir={run}",
-        "learners.count=1",
+        "learners.count=2",
+        "learners.join_streams=0",
+        "learners.overrides=[{index: 0, devices: 2, batch_size: 32}]",
         "run.log_every_steps=5",
         "eval.every_steps=5",
         "track=[tensorboard,wandb,mlflow]",
@@ -45,6 +50,11 @@ def test_a_run_and_its_resume_log_to_the_same_tracker_runs(tmp_path, monkeypatch
     first = run_cli(*args, "run.max_steps=10", env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     ids = json.loads((run / "trackers.json").read_text())
+    # The learner on 2 devices and the one on 1 trained side by side, and merged into the same rounds.
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["tokens_total"] == (32 + 16) * 64 * 10
+    closed = [e for e in read_jsonl(run / "events.jsonl") if e["kind"] == "round_closed"]
+    assert any(set(e["contributors"]) == {0, 1} for e in closed)
     resumed = run_cli(*args, "run.max_steps=20", env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "tracker" not in resumed.stderr  # no tracker failed or closed badly

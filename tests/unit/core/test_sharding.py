@@ -83,7 +83,7 @@ PROGRAM = textwrap.dedent(
     out["copied_to_two"] = [same(one, fresh), sharded(fresh)]
 
     # Fragments read from and written into sharded parameters, as on one device.
-    plan = fragment_plan(load_recipe(TINY, [*COMMON, "learners.devices=2"]))
+    plan = fragment_plan(load_recipe(TINY, [*COMMON, "learners.devices=2", "syncer.fragments=6"]))
     ops_one = FragmentOps(plan, one.params, "int4", 64, placement=one.placement)
     ops_two = FragmentOps(plan, fresh.params, "int4", 64, placement=fresh.placement)
     worst = 0.0

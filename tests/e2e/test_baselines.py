@@ -29,8 +29,15 @@ def train(tmp_path, *overrides):
 
 def test_dp_steps_together_and_learns(tmp_path):
     # 25 ms each way on every link: at least 50 ms of every step is spent waiting on the network.
+    # On an empty compilation cache, as a fresh machine's first run.
     steps = 60
-    run_dir, summary = train(tmp_path, "algorithm=dp", f"run.max_steps={steps}", "learners.latency_ms=25")
+    run_dir, summary = train(
+        tmp_path,
+        "algorithm=dp",
+        f"run.max_steps={steps}",
+        "learners.latency_ms=25",
+        f"run.compile_cache_dir={tmp_path}/xla",
+    )
     assert summary["status"] == "completed"
     assert summary["eval_loss_final"] < 0.65 * summary["eval_loss_initial"]
     assert summary["rounds"] == steps and summary["versions"] == [steps] and summary["mean_contributors"] == 2.0
@@ -42,6 +49,10 @@ def test_dp_steps_together_and_learns(tmp_path):
     events = read_jsonl(run_dir / "events.jsonl")
     assert [e["kind"] for e in events].count("members_admitted") == 1
     assert not [e for e in events if e["kind"] == "reconfigure"]  # nobody failed: no pause
+    # The two learners compile the same functions: one compiled them, and the other loaded what it
+    # compiled from the cache (having waited for it, or come after it).
+    training = [e for e in events if e["kind"] == "learner_training"]
+    assert sorted(e["compiled_from"] for e in training) == ["cache", "xla"]
 
 
 def test_blocking_diloco_syncs_every_h_steps_and_learns(tmp_path):

@@ -64,14 +64,3 @@ def test_a_hot_spare_takes_a_killed_learners_slot_and_another_starts_behind_it(t
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == {"1": 1}
     assert summary["spare_s"] > 0 and summary["goodput_with_spares"] < summary["goodput"]
-
-
-def test_learners_compile_once_and_load_what_the_first_compiled(tmp_path):
-    # On an empty cache one learner compiles and the other loads what it compiled (having waited for
-    # it, or come after it): the cache serves a learner of this run as it serves a later run's.
-    cache = tmp_path / "xla"
-    args = [str(TINY), "learners.count=2", "run.max_steps=5", f"run.compile_cache_dir={cache}"]
-    result = run_cli("train", *args, f"run.dir={tmp_path / 'run'}", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    training = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["kind"] == "learner_training"]
-    assert sorted(e["compiled_from"] for e in training) == ["cache", "xla"]

@@ -220,17 +220,16 @@ class FragmentOps:
         like: Params,
         codec: str,
         block_size: int,
-        device: Any = None,
         layout: str | None = None,
         placement: Placement | None = None,
     ) -> None:
         self.plan = plan
         self.codec = get_codec(codec, block_size)
         self.codec_name, self.block_size = codec, block_size
-        # A learner on several devices (`placement.sharded`): vectors are replicated on them, and the
-        # written leaves keep the parameters' sharding.
-        self.placement = placement
-        self.device = placement.device if placement is not None else device or jax.devices()[0]
+        # The learner's devices (default: this process's first). On several (`placement.sharded`),
+        # vectors are replicated on them, and the written leaves keep the parameters' sharding.
+        self.placement = placement or Placement()
+        self.device = self.placement.device
         self.sizes = [plan.size(p) for p in range(plan.num_fragments)]
         # A multiple of the block (and even, for int4 pairs) so the codes of a block never straddle.
         quantum = block_size if codec in ("int4", "int8") else 2
@@ -266,7 +265,7 @@ class FragmentOps:
             for g, (extract, swap) in enumerate(zip(self.extract, self.swap, strict=True)):
                 p = self.group.index(g)  # the first fragment it serves
                 mine, table = [leaves[i] for i in self.slots[p]], self.tables[p]
-                if self.placement is not None and self.placement.sharded:  # fixed layouts in and out
+                if self.placement.sharded:  # fixed layouts in and out
                     raw_extract, raw_swap = self.functions[g]
                     extract = jax.jit(raw_extract, out_shardings=self.placement.replicated)
                     swap = jax.jit(raw_swap, donate_argnums=(0,), out_shardings=[x.sharding for x in mine])
@@ -279,7 +278,7 @@ class FragmentOps:
     def put(self, x: np.ndarray) -> jax.Array:
         """A host array on this learner's device (committed, as every input of the jitted functions);
         on several devices, whole on each."""
-        return jax.device_put(x, self.placement.replicated if self.placement is not None else self.device)
+        return jax.device_put(x, self.placement.replicated)
 
     def pad(self, p: int, vector: np.ndarray) -> np.ndarray:
         """Fragment p's flat float32 vector, zero-padded to M."""

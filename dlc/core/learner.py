@@ -45,7 +45,6 @@ class Learner:
         # function once per mix of committed and uncommitted inputs.
         settings = recipe.learners.resolved(index)
         self.placement = Placement(settings.devices, settings.mesh)
-        self.device = self.placement.device
         self.params: Params = self.place(params)
         self.opt_state: Any = self.place(self.optimizer.init(self.params))
         # None: a hot spare, which holds no data until it takes a learner's slot (`rebind`).

@@ -34,7 +34,6 @@ class Placement:
                 "its host devices itself, so this is a bug to report"
             )
         self.device = available[0]  # the first: where a one-device learner's arrays live
-        self.devices = devices
         self.data, self.fsdp = mesh if devices > 1 else (1, 1)
         self.mesh = Mesh(np.asarray(available[:devices]).reshape(self.data, self.fsdp), AXES) if devices > 1 else None
 

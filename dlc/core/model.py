@@ -54,7 +54,8 @@ class CausalSelfAttention(nnx.Module):
         out_init = _residual_init(cfg)
         self.out = nnx.Linear(cfg.width, cfg.width, use_bias=False, kernel_init=out_init, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+        """Attention over x (positions_T unused: GPT's positions are in its embedding)."""
         B, T, D = x_BxTxD.shape
         qkv = self.qkv(x_BxTxD).reshape(B, T, 3, self.num_heads, self.head_dim)
         q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -71,21 +72,6 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(x_BxTxD)))
-
-
-class Block(nnx.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
-
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        dtype = compute_dtype(cfg)
-        self.norm_attn = nnx.LayerNorm(cfg.width, dtype=dtype, rngs=rngs)
-        self.attn = CausalSelfAttention(cfg, rngs)
-        self.norm_mlp = nnx.LayerNorm(cfg.width, dtype=dtype, rngs=rngs)
-        self.mlp = MLP(cfg, rngs)
-
-    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
-        x_BxTxD = x_BxTxD + self.attn(self.norm_attn(x_BxTxD))
-        return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
 
 
 class LlamaAttention(nnx.Module):
@@ -127,15 +113,16 @@ class SwiGLU(nnx.Module):
         return self.down(jax.nn.silu(self.gate(x_BxTxD)) * self.up(x_BxTxD))
 
 
-class LlamaBlock(nnx.Module):
-    """Pre-norm block with RMSNorm: x + attn(norm(x)), then x + mlp(norm(x))."""
+class Block(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), of GPT-2's layers or Llama's."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        dtype = compute_dtype(cfg)
-        self.norm_attn = nnx.RMSNorm(cfg.width, dtype=dtype, rngs=rngs)
-        self.attn = LlamaAttention(cfg, rngs)
-        self.norm_mlp = nnx.RMSNorm(cfg.width, dtype=dtype, rngs=rngs)
-        self.mlp = SwiGLU(cfg, rngs)
+        dtype, llama = compute_dtype(cfg), cfg.arch == "llama"
+        norm = nnx.RMSNorm if llama else nnx.LayerNorm
+        self.norm_attn = norm(cfg.width, dtype=dtype, rngs=rngs)
+        self.attn = LlamaAttention(cfg, rngs) if llama else CausalSelfAttention(cfg, rngs)
+        self.norm_mlp = norm(cfg.width, dtype=dtype, rngs=rngs)
+        self.mlp = SwiGLU(cfg, rngs) if llama else MLP(cfg, rngs)
 
     def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
         x_BxTxD = x_BxTxD + self.attn(self.norm_attn(x_BxTxD), positions_T)
@@ -153,8 +140,7 @@ class Transformer(nnx.Module):
         self.pos_embed = (
             None if llama else nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
         )
-        block = LlamaBlock if llama else Block
-        self.blocks = nnx.List([block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         norm = nnx.RMSNorm if llama else nnx.LayerNorm
         self.norm_out = norm(cfg.width, dtype=dtype, rngs=rngs)
         self.head = (

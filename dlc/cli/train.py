@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import time
@@ -79,8 +80,10 @@ def train_command(
         err=True,
     )
     if outcome.status == "interrupted":
-        args = " ".join([str(recipe), *(o for o in overrides or [] if not o.startswith("run.dir="))])
-        typer.echo(f"resume with: dlc train {args} run.dir={outcome.resume_dir or outcome.run_dir}", err=True)
+        # Quoted for a shell: an override like learners.overrides=[{index: 0, devices: 2}] holds spaces.
+        kept = [o for o in overrides or [] if not o.startswith("run.dir=")]
+        args = shlex.join([str(recipe), *kept, f"run.dir={outcome.resume_dir or outcome.run_dir}"])
+        typer.echo(f"resume with: dlc train {args}", err=True)
     raise typer.Exit(outcome.exit_code)
 
 

@@ -51,7 +51,6 @@ from proc_memory import MemorySampler, read_events
 
 from dlc.data.corpus import stdlib_files
 from dlc.data.manifest import TOKENIZER_FILE, Manifest, read_manifest
-from dlc.observe.reader import count_params
 
 RECIPE = "recipes/tiny.yaml"
 TOKENIZERS = ("bytes", "bpe:4096")
@@ -380,7 +379,7 @@ def quality(args: argparse.Namespace, work: Path) -> None:
                 {
                     "tokenizer": tokenizer,
                     "seed": seed,
-                    "params": count_params(recipe["model"]),
+                    "params": summary["params"],
                     "vocab": recipe["model"]["vocab_size"],
                     "schedule": steps,
                     "steps": statistics.mean(x["step"] for x in summary["learners"]),

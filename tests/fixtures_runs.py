@@ -54,6 +54,7 @@ def status(state: str = "running", updated_at: float = T0 + ELAPSED_S, **fields:
     return {
         "run": "tiny",
         "algorithm": "decoupled",
+        "params": 219_520,
         "state": state,
         "updated_at": updated_at,
         "elapsed_s": ELAPSED_S,
@@ -140,6 +141,7 @@ def summary(status_name: str = "completed", error: str | None = None, **fields: 
         "status": status_name,
         "run": "tiny",
         "algorithm": "decoupled",
+        "params": 219_520,
         "wall_s": 200.0,
         "steps": 100.0,
         "tokens_total": 409_600,

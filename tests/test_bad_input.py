@@ -627,20 +627,20 @@ def test_bandwidth_of_a_recipe_too_large_to_build_allocates_nothing(tmp_path):
 
 
 def test_the_memory_check_counts_by_hand(corpus):
-    """The footprint of tiny, from its sizes: what the refusal message quotes."""
-    from dlc.core.shapes import param_count
-    from dlc.plan.memory import PROCESS_BYTES, check_fits, footprint
+    """The footprint of tiny: what the refusal message quotes."""
+    from dlc.core.abstract import activation_bytes, param_count
+    from dlc.plan.memory import PROCESS_BYTES, PUSH_BUFFERS, check_fits, footprint
 
     recipe = load_recipe(TINY, train_overrides(corpus, "unused"))
     n = 219_520  # README: tiny's parameters
     assert param_count(recipe.model) == n
     need = footprint(recipe)
-    assert need.learner_state == 6 * 4 * n
-    # per block: 16 x 64 tokens x (8 x 64 + 2 x 256) + 2 x 16 x 4 heads x 64 x 64 scores; then the
-    # logits (3 x 256) and the embeddings (2 x 64) per token; all as float32, counted twice
-    per_block = 16 * 64 * (8 * 64 + 2 * 256) + 2 * 16 * 4 * 64 * 64
-    floats = 4 * per_block + 16 * 64 * (3 * 256 + 2 * 64)
-    assert need.learner_activations == 2 * 4 * floats
+    assert need.learner_state == 3 * 4 * n + 2 * 4  # weights and AdamW's two moments, float32; two step counters
+    assert need.learner_activations == 16 * activation_bytes(recipe.model, 64)  # batch 16 of 64 tokens
+    # the forward pass keeps more than the parameters for every token: the residual stream and the
+    # attention's scores of every block, and the logits
+    assert need.learner_activations > 16 * 64 * 4 * (4 * 64 + 256)
+    assert need.learner_fragments == 4 * (recipe.syncer.fragments + PUSH_BUFFERS) * need.padded_fragment
     assert need.learner_processes == 2 and need.total > 2 * PROCESS_BYTES
     assert check_fits(recipe, available=need.total) == need
     with pytest.raises(UserError, match=r"needs about .* of memory and this machine has 1\.0 GiB available"):

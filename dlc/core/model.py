@@ -177,7 +177,8 @@ def apply_model(graphdef: nnx.GraphDef, params: Params, tokens_BxT: jax.Array) -
 
 
 def flatten_params(params: Params) -> dict[str, np.ndarray]:
-    """Nested dict -> {"blocks/0/attn/qkv/kernel": array}, as host NumPy arrays."""
+    """Nested dict -> {"blocks/0/attn/qkv/kernel": array}, as host NumPy arrays (abstract leaves,
+    `jax.ShapeDtypeStruct`, as they are)."""
     flat: dict[str, np.ndarray] = {}
 
     def visit(node: Any, prefix: str) -> None:
@@ -185,7 +186,7 @@ def flatten_params(params: Params) -> dict[str, np.ndarray]:
             for key in sorted(node, key=str):
                 visit(node[key], f"{prefix}/{key}" if prefix else str(key))
         else:
-            flat[prefix] = np.asarray(node)
+            flat[prefix] = node if isinstance(node, jax.ShapeDtypeStruct) else np.asarray(node)
 
     visit(params, "")
     return flat

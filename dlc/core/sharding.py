@@ -22,6 +22,14 @@ from dlc.errors import UserError
 AXES = ("data", "fsdp")
 
 
+def fsdp_axis(shape: tuple[int, ...], fsdp: int) -> int | None:
+    """The axis an array of `shape` is split on over `fsdp` devices: its first that divides evenly;
+    None when none does, or when there is nothing to split over (it is replicated)."""
+    if fsdp <= 1:
+        return None
+    return next((axis for axis, size in enumerate(shape) if size >= fsdp and size % fsdp == 0), None)
+
+
 class Placement:
     """A learner's devices, and how each of its arrays is laid out on them."""
 
@@ -46,10 +54,10 @@ class Placement:
         divides evenly, else replicated (one device: the device)."""
         if self.mesh is None:
             return self.device
-        for axis, size in enumerate(shape):
-            if size >= self.fsdp and size % self.fsdp == 0 and self.fsdp > 1:
-                return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), "fsdp"))
-        return self.replicated
+        axis = fsdp_axis(shape, self.fsdp)
+        if axis is None:
+            return self.replicated
+        return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), "fsdp"))
 
     @property
     def replicated(self) -> Any:

@@ -208,7 +208,7 @@ def _syncer_panel(snap: dict[str, Any]) -> Panel:
     ]
     each_way = dp.get("bytes_each_way")
     if each_way is None:
-        lines.append("data-parallel equivalent: - (no model section in recipe.yaml)")
+        lines.append("data-parallel equivalent: - (the run recorded no parameter count)")
     else:
         up, down = s["bytes_up"], s["bytes_down"]
         lines.append(f"data-parallel: {meter_bytes(each_way)} each way")

@@ -17,8 +17,6 @@ from typing import Any
 
 import yaml
 
-from dlc.config.workload import ModelConfig
-from dlc.core.shapes import param_count
 from dlc.observe.console import fmt_duration
 from dlc.run.files import (
     CHAOS_FILE,
@@ -46,25 +44,6 @@ def read_recipe(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError):
         return {}
     return raw if isinstance(raw, dict) else {}
-
-
-def count_params(model: dict[str, Any]) -> int | None:
-    """Parameters of the model a recipe's `model` section describes (`dlc.core.shapes`), or None
-    when the section lacks a size the count needs."""
-    try:
-        sizes = {key: int(model[key]) for key in ("width", "num_layers", "context_len", "mlp_ratio")}
-        # Llama's key/value projections depend on the heads; either family's MLP on mlp_hidden.
-        sizes |= {key: int(model[key]) for key in ("num_heads", "num_kv_heads", "mlp_hidden") if model.get(key)}
-        tied = bool(model.get("tie_embeddings", True))
-        vocab = None if model.get("vocab_size") is None else int(model["vocab_size"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    arch = model.get("arch", "gpt")
-    if arch not in ("gpt", "llama") or sizes.get("num_heads", 1) < 1:
-        return None
-    # Not validated: a recorded recipe is read as it is, like the rest of a run directory, and a
-    # section an older dlc wrote still gets its count. The other fields take their defaults.
-    return param_count(ModelConfig.model_construct(**sizes, arch=arch, tie_embeddings=tied, vocab_size=vocab))
 
 
 def dp_equivalent_bytes(params: int | None, learner_steps: int) -> int | None:
@@ -217,7 +196,7 @@ class RunReader:
         sync = _dict(st.get("syncer"))
         learners = self._learners(st, summary, sync, live)
         steps = sum(row["step"] for row in learners)
-        params = count_params(_dict(recipe.get("model")))
+        params = _int(st.get("params")) or _int((summary or {}).get("params")) or None  # recorded by the driver
         dp = dp_equivalent_bytes(params, steps)
         up, down = _int(sync.get("bytes_up")), _int(sync.get("bytes_down"))
         up_rate, down_rate = self._rates(updated, up, down, _num(st.get("elapsed_s")), live)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dlc.observe.reader import count_params, device_summary, lifecycle_entry, read_recipe, voided
+from dlc.observe.reader import device_summary, lifecycle_entry, read_recipe, voided
 from dlc.observe.timeline import Interval, learner_intervals, window_for, windowed_goodput
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
@@ -41,7 +41,8 @@ class RunData:
 
     @property
     def params(self) -> int | None:
-        return count_params(self.recipe.get("model") or {})
+        params = self.state.get("params")  # recorded by the driver in status.json and summary.json
+        return params if isinstance(params, int) and not isinstance(params, bool) else None
 
     def tokens_per_step(self, learner: int) -> int:
         cfg = self.recipe.get("learners") or {}

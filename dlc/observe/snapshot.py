@@ -57,6 +57,10 @@ class Snapshots:
         self.run_dir = run_dir
         self.budget = budget
         self.started = started  # time.time() when this driver started
+        # Recorded in status.json and summary.json: readers (`dlc status`, `dlc report`) build no model.
+        from dlc.core.abstract import param_count  # JAX: the driver's, not a reader's
+
+        self.params = param_count(recipe.model)
         self._rates: list[tuple[float, int, float]] = []
         self._phases: dict[Any, tuple[tuple[Any, Any], float]] = {}  # row id -> (state, phase), since when
 
@@ -77,6 +81,7 @@ class Snapshots:
             "run": self.recipe.run.name,
             "run_dir": self.run_dir,
             "algorithm": self.recipe.algorithm,
+            "params": self.params,
             "state": run_state,
             "updated_at": round(time.time(), 3),
             "elapsed_s": round(wall, 3),
@@ -115,6 +120,7 @@ class Snapshots:
             "run": self.recipe.run.name,
             "run_dir": self.run_dir,
             "algorithm": self.recipe.algorithm,
+            "params": self.params,
             "wall_s": round(view.wall_s, 3),
             "steps": round(view.step, 1),
             "tokens_total": view.tokens,

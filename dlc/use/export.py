@@ -64,7 +64,8 @@ import yaml
 from dlc import __version__
 from dlc.config.load import dump_recipe, recipe_from_dict
 from dlc.config.workload import ModelConfig
-from dlc.core.model import Params, build_model, flatten_params, unflatten_params
+from dlc.core.abstract import abstract_params
+from dlc.core.model import Params, flatten_params, unflatten_params
 from dlc.core.shapes import head_dim, kv_heads, mlp_hidden, vocab_size
 from dlc.data.tokenizer import TOKENIZER_CONFIG, TOKENIZER_JSON, Tokenizer
 from dlc.errors import UserError
@@ -362,7 +363,7 @@ def load_export(path: Path) -> RunModel:
             f"{str(path)!r} is an export of format {record.get('format')!r}; this dlc reads format {EXPORT_FORMAT}"
         )
     recipe = recipe_from_dict(recipe_data, origin=str(path / DLC_FILE))
-    graphdef, like = build_model(recipe.model, recipe.run.seed)
+    graphdef, like = abstract_params(recipe.model)  # the structure alone: every value is read
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 

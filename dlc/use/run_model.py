@@ -18,9 +18,9 @@ from flax import nnx
 
 from dlc.config.load import recipe_from_dict
 from dlc.config.schema import Recipe
+from dlc.core.abstract import abstract_params, param_shapes
 from dlc.core.fragments import FragmentPlan
-from dlc.core.model import Params, build_model, flatten_params, unflatten_params
-from dlc.core.shapes import param_shapes
+from dlc.core.model import Params, flatten_params, unflatten_params
 from dlc.data.manifest import TOKENIZER_FILE, read_manifest
 from dlc.data.tokenizer import Tokenizer, bytes_tokenizer
 from dlc.data.tokens import local_path
@@ -73,7 +73,7 @@ def load_run_model(run: Path, checkpoint: int | None = None, learner: int | None
     recipe = run_recipe(run)
     location = recipe.run.dir if recipe.run.dir and is_url(recipe.run.dir) else str(run.resolve())
     storage = RunStorage(location)
-    graphdef, like = build_model(recipe.model, recipe.run.seed)
+    graphdef, like = abstract_params(recipe.model)  # the structure alone: every value is read
     if learner is not None:
         if not 0 <= learner < recipe.learners.count:
             raise UserError(f"--learner {learner}: the run has learners 0 to {recipe.learners.count - 1}")

@@ -1,5 +1,5 @@
 """The run reader behind `dlc status` and `dlc report`: tolerance of half-written files, byte rates
-over live snapshots, the parameter count from recipe.yaml, and finding the run."""
+over live snapshots, the parameter count the driver recorded, and finding the run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dlc.errors import UserError
-from dlc.observe.reader import RunReader, count_params, voided
+from dlc.observe.reader import RunReader, voided
 from dlc.run.files import JsonlTail, resolve_run
 from tests.fixtures_runs import ELAPSED_S, NOW, T0, make_run, status, summary
 
@@ -61,26 +61,15 @@ def test_resumed_run_ignores_the_previous_summary(tmp_path):
     assert RunReader(path, clock=lambda: NOW).snapshot()["state"] == "interrupted"
 
 
-def test_count_params_matches_the_model():
-    import jax
-
-    from dlc.config.workload import ModelConfig
-    from dlc.core.model import build_model
-    from dlc.core.model import count_params as model_count
-
-    # tiny: embeddings 256*64 + 64*64 = 20,480; per block 4*64 (norms) + 4*64^2 (qkv, out)
-    # + 2*4*64^2 + 4*64 + 64 (MLP) = 49,728, four blocks 198,912; final norm 128: 219,520.
-    assert count_params({"width": 64, "num_layers": 4, "mlp_ratio": 4, "context_len": 64}) == 219_520
-    for cfg in (
-        ModelConfig(width=64, num_layers=4, num_heads=4, mlp_ratio=4, context_len=64),
-        ModelConfig(width=32, num_layers=2, num_heads=2, mlp_ratio=3, context_len=16, tie_embeddings=False),
-        ModelConfig(width=32, num_layers=1, num_heads=2, context_len=16, vocab_size=1000, tie_embeddings=False),
-        ModelConfig(arch="llama", width=64, num_layers=2, num_heads=4, num_kv_heads=2, context_len=16),
-        ModelConfig(arch="llama", width=32, num_layers=1, num_heads=2, mlp_hidden=40, tie_embeddings=False),
-    ):
-        shapes = jax.eval_shape(lambda cfg=cfg: build_model(cfg, 0)[1])  # shapes only: nothing initialised
-        assert count_params(cfg.model_dump()) == model_count(shapes)
-    assert count_params({"width": 64}) is None
+def test_the_parameter_count_is_the_one_the_driver_recorded(tmp_path):
+    """`dlc status` builds no model: the count comes from status.json, else summary.json, else it is unknown."""
+    path = make_run(tmp_path / "r")
+    assert RunReader(path, clock=lambda: NOW).snapshot()["dp_equivalent"]["params"] == 219_520
+    (path / "status.json").write_text(json.dumps({k: v for k, v in status().items() if k != "params"}))
+    assert RunReader(path, clock=lambda: NOW).snapshot()["dp_equivalent"]["params"] is None
+    written = {k: v for k, v in status().items() if k != "params"}
+    path = make_run(tmp_path / "ended", status_obj=written, summary=summary(params=1_234))
+    assert RunReader(path, clock=lambda: NOW).snapshot()["dp_equivalent"]["params"] == 1_234
 
 
 def test_resolve_run_picks_the_latest_and_refuses_non_runs(tmp_path):

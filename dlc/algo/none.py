@@ -20,6 +20,7 @@ class NoSync:
 
     pushes = 0
     adopted = 0
+    discarded_steps = 0.0
     seq = 0
     incarnation = 0
     waiting_s = 0.0

@@ -15,12 +15,19 @@ WEIGHT_MODES: tuple[str, ...] = ("uniform", "tokens", "tokens_squared_per_step")
 MERGE_METHODS: tuple[str, ...] = ("mean", "rda")
 
 
-def merge_weights(tokens: Sequence[int], steps: Sequence[int], mode: str = "tokens_squared_per_step") -> np.ndarray:
+def merge_weights(
+    tokens: Sequence[int],
+    steps: Sequence[int],
+    mode: str = "tokens",
+    staleness: Sequence[int] | None = None,
+    discount: float = 1.0,
+) -> np.ndarray:
     """Normalised contributor weights (float64, summing to 1).
 
-    ``uniform``: 1 each; ``tokens``: tokens_m; ``tokens_squared_per_step``:
-    tokens_m^2 / steps_m, i.e. quantity of data times tokens per step, so extra
-    steps alone buy no extra vote.
+    ``uniform``: 1 each; ``tokens``: tokens_m, the data behind the push; ``tokens_squared_per_step``:
+    tokens_m^2 / steps_m, i.e. quantity of data times tokens per step (a learner with k times the
+    batch gets k times its share of the data). Each version a push is behind (``staleness``)
+    multiplies its weight by ``discount`` before they are normalised.
     """
     if mode not in WEIGHT_MODES:
         raise ValueError(f"unknown weight mode {mode!r}: choose one of {WEIGHT_MODES}")
@@ -41,6 +48,8 @@ def merge_weights(tokens: Sequence[int], steps: Sequence[int], mode: str = "toke
         raw = tok
     else:
         raw = tok * tok / stp
+    if staleness is not None and discount != 1.0:
+        raw = raw * discount ** np.asarray(staleness, dtype=np.float64)
     total = raw.sum()
     if total <= 0:
         raise ValueError(f"all contributors have zero weight under mode {mode!r}")

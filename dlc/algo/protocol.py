@@ -23,6 +23,7 @@ class LearnerSync(Protocol):
 
     pushes: int
     adopted: int
+    discarded_steps: float  # whole-model inner steps of progress adoptions threw away (goodput: wasted)
     seq: int  # the next message's sequence number; the engine starts each incarnation apart
     incarnation: int  # which process of this learner index this is (0, then +1 per restart)
     waiting_s: float  # time the loop spent blocked on the network or on other learners

@@ -33,9 +33,15 @@ class SyncerConfig(Section):
     )
     max_staleness: int = Field(4, ge=0, description="Reject a push whose base is more than this many versions old.")
     weighting: Literal["uniform", "tokens", "tokens_squared_per_step"] = Field(
-        "tokens_squared_per_step",
-        description="Merge weights: uniform, by tokens, or tokens^2/steps (data seen times tokens per step: fair "
-        "to slow learners).",
+        "tokens",
+        description="Merge weights: tokens (the data behind each push, since the learner's last sync of the "
+        "fragment), uniform, or tokens^2/steps (data times tokens per step: a larger batch counts twice).",
+    )
+    staleness_discount: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Each version a push's base is behind multiplies its merge weight by this (1: no discount).",
     )
     merge: Literal["mean", "rda"] = Field(
         "rda",
@@ -49,9 +55,9 @@ class SyncerConfig(Section):
         0.0, ge=0, lt=1, description="Outer Nesterov momentum (DiLoCo uses 0.9 with lr 0.7 at H=500)."
     )
     adopt: Literal["replace", "mix", "rebase"] = Field(
-        "replace",
-        description="How a learner adopts a merged fragment: replace its values, mix them (mix_alpha), or "
-        "rebase (keep the progress made while the fragment was in flight).",
+        "rebase",
+        description="How a learner adopts a merged fragment: rebase (the merged value plus the progress made "
+        "while the fragment was in flight), replace its values (that progress is lost), or mix them (mix_alpha).",
     )
     mix_alpha: float = Field(0.5, ge=0, le=1, description="adopt=mix: weight of the learner's own values.")
     codec: Literal["none", "bf16", "int8", "int4"] = Field(

@@ -63,8 +63,9 @@ class LearnerSlot:
     death_fault: str = "kill"  # what chaos called the fault that killed it last: kill or kill_node
     leave_at: float | None = None  # a joined learner retires at this monotonic time
     ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
-    # Of the learner's own counters of time its loop was blocked (waiting_s, checkpoint_s), what the
-    # ledger has filed; a new process counts from zero.
+    # Of the learner's own counters of time its loop was blocked (waiting_s, checkpoint_s) and of
+    # progress its adoptions discarded (discarded_steps), what the ledger has filed; a new process
+    # counts from zero.
     blocked_filed: dict[str, float] = field(default_factory=dict)
     finished: bool = False
 
@@ -230,6 +231,11 @@ class Supervisor(Recoveries):
                 self.chaos.outcome("stall", i, "recovered", after_s=self.chaos.since("stall", i))
             slot.last_seen = now
             slot.view = result["snapshot"]
+            # Progress an adoption threw away was trained, but never reached the global model.
+            discarded = slot.view.get("discarded_steps", 0.0) - slot.blocked_filed.get("discarded_steps", 0.0)
+            if discarded > 0:
+                slot.blocked_filed["discarded_steps"] = slot.view["discarded_steps"]
+                self.ledger.waste(i, discarded * self._step_s(slot))
             if slot.view.get("state") == "finished" and not slot.finished:
                 slot.finished = True
                 self.rundir.event("learner_finished", learner=i, step=slot.view.get("step"))

@@ -56,6 +56,7 @@ class BlockingLearnerSync:
         self.incarnation = 0
         self.pushes = 0
         self.adopted = 0
+        self.discarded_steps = 0.0  # a barrier merges every learner's progress before it is adopted
         self._waited_s = 0.0
         self._waiting_since: float | None = None
         self.outstanding: Contribution | None = None  # sent, its version's model not yet received

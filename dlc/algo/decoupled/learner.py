@@ -110,6 +110,10 @@ class DecoupledLearnerSync:
         self.requests = 0
         self.pushes = 0
         self.adopted = 0
+        # Inner steps of progress adoptions threw away, in whole-model steps: a fragment's progress
+        # since its last push counts by the fragment's share of the model, and by the share of it
+        # the adopt mode drops (replace all, mix 1 - mix_alpha, rebase none).
+        self.discarded_steps = 0.0
         self.max_staleness = cfg.max_staleness
         # Pushes the syncer has not acknowledged (by listing them in a merged fragment), kept to
         # re-send to a restarted syncer.
@@ -248,14 +252,17 @@ class DecoupledLearnerSync:
         global_p = self.ops.staged(p, global_p)
         sent = self.sent.get(p)
         params = self.learner.params
-        if self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None):
+        replaces = self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None)
+        dropped = 1.0 if replaces else 1.0 - self.mix_alpha if self.adopt_mode == "mix" else 0.0
+        self.discarded_steps += dropped * self.steps_since[p] * self.plan.size(p) / self.plan.total_size
+        if replaces:
             params = self.ops.write(params, p, global_p)
         elif self.adopt_mode == "mix":  # alpha * theta + (1 - alpha) * global
             params = self.ops.write(params, p, global_p, global_p, a=self.mix_alpha, b=self.mix_alpha)
         else:  # rebase: keep the local progress made since p was sent
             params = self.ops.write(params, p, global_p, sent.theta, a=1.0, b=1.0)
         self.learner.params = params
-        if self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None):
+        if replaces:
             # The local progress on p is gone: the next push counts from here.
             self.steps_since[p] = self.tokens_since[p] = 0
         self.anchors[p] = global_p

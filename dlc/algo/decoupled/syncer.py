@@ -243,7 +243,9 @@ class DecoupledSyncer(GlobalFragments):
         result = self.book.close(p, healthy)
         self.asked.pop(p, None)
         self.waiting[p] = 0  # every push the round held is merged, superseded ones too
-        weights = merge_weights(result.tokens, result.steps, self.cfg.weighting)
+        weights = merge_weights(
+            result.tokens, result.steps, self.cfg.weighting, result.staleness, self.cfg.staleness_discount
+        )
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
         pairs = tuple(zip(result.learners, result.seqs, strict=True))

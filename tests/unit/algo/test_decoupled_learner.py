@@ -69,10 +69,16 @@ def test_adopt_modes_by_hand(mode):
     sync.scatter(p, s)
     sync.sent[p] = SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s))
     sync.scatter(p, s + 0.5)  # local progress d = 0.5 while the fragment was in flight
+    sync.steps_since[p] = 3  # ... made in three steps
     G = np.full(size, 3.0, np.float32)
     sync.adopt(p, 1, G)
     expected = {"replace": 3.0, "mix": 0.25 * 1.5 + 0.75 * 3.0, "rebase": 3.0 + 0.5}[mode]
     np.testing.assert_allclose(sync.gather(p), expected, rtol=1e-6)
+    # The progress thrown away, in whole-model steps: the three steps on p, by p's share of the model
+    # and by the share of them the mode drops (the goodput ledger files it as wasted).
+    dropped = {"replace": 1.0, "mix": 0.75, "rebase": 0.0}[mode]
+    share = size / sync.plan.total_size
+    assert sync.discarded_steps == pytest.approx(dropped * 3 * share)
     np.testing.assert_allclose(sync.ops.to_host(p, sync.anchors[p]), 3.0)  # the anchor is the global value
     assert sync.versions[p] == 1
 
@@ -319,3 +325,23 @@ def test_a_resumed_learner_continues_from_the_global_model_and_undoes_no_merge()
         np.testing.assert_array_equal(sync.gather(p), fragment)  # the global model, ...
         np.testing.assert_array_equal(sync.ops.to_host(p, sync.anchors[p]), fragment)  # ... nothing to push yet
     assert sync.unpushed_steps() == 0
+
+
+def test_weights_follow_the_tokens_behind_each_push_with_unequal_batches():
+    """Learner 0 steps batches four times the others' at the same pace: over the run, its mean weight
+    in the rounds is its share of the tokens (4/7), not 16/19 as tokens^2/steps would give it."""
+    raw = twin_recipe(learners=4).model_dump()
+    raw["learners"]["overrides"] = [{"index": 0, "batch_size": 4 * raw["learners"]["batch_size"]}]
+    recipe = Recipe.model_validate(raw)
+    run = make_run(recipe)
+    for _ in range(24):
+        run.step_all()
+    run.finish()
+    weights = np.zeros(4)
+    rounds = [e for e in run.syncer.drain_events() if e["kind"] == "round_closed"]
+    assert len(rounds) >= 16
+    for event in rounds:
+        for learner, weight in zip(event["contributors"], event["weights"], strict=True):
+            weights[learner] += weight / len(rounds)
+    tokens = np.array([learner.tokens for learner in run.learners], dtype=float)
+    np.testing.assert_allclose(weights, tokens / tokens.sum(), rtol=0.10)

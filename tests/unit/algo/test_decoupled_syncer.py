@@ -62,16 +62,16 @@ def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
     syncer.push(push(1, 0, 3 * np.ones(size), seq=0, tokens=800, steps=4))
     clock.now += 10.0  # past any grace window
     assert syncer.tick() == 1
-    # tokens_per_step weights: 400^2/4 = 40000 and 800^2/4 = 160000 -> 0.2 and 0.8
-    # merged delta = 0.2 * 1 + 0.8 * 3 = 2.6; outer SGD lr 1, no momentum: theta = 0 - 2.6
-    np.testing.assert_allclose(syncer.theta[0], -2.6, rtol=1e-6)
+    # tokens weights: 400 and 800 tokens -> 1/3 and 2/3
+    # merged delta = 1/3 * 1 + 2/3 * 3 = 7/3; outer SGD lr 1, no momentum: theta = 0 - 7/3
+    np.testing.assert_allclose(syncer.theta[0], -7 / 3, rtol=1e-6)
     assert [m for m, _ in delivered] == [0, 1, 2]  # every member, contributor or not
     assert all(msg.version == 1 and msg.fragment == 0 for _, msg in delivered)
     # Down in bf16 (the default), once per round to each member: 2 bytes a value. Up: fp32 here.
     assert syncer.counters.bytes_down == 3 * size * 2 and syncer.counters.bytes_up == 2 * size * 4
     assert syncer.counters.contributed == {0: 1, 1: 1}
     closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
-    assert closed[0]["contributors"] == [0, 1] and closed[0]["weights"] == [0.2, 0.8]
+    assert closed[0]["contributors"] == [0, 1] and closed[0]["weights"] == [0.3333, 0.6667]
 
 
 def test_round_closes_early_when_every_healthy_learner_pushed():

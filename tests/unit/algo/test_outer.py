@@ -13,11 +13,15 @@ def test_weight_modes_by_hand() -> None:
     tokens, steps = [400, 400], [4, 8]
     np.testing.assert_allclose(merge_weights(tokens, steps, "uniform"), [0.5, 0.5])
     np.testing.assert_allclose(merge_weights(tokens, steps, "tokens"), [0.5, 0.5])
-    # tokens^2 / steps: 400^2 / 4 = 40000 and 400^2 / 8 = 20000 -> [2/3, 1/3]:
-    # the extra steps of the fast learner buy no extra vote.
-    np.testing.assert_allclose(merge_weights(tokens, steps), [2 / 3, 1 / 3])
+    np.testing.assert_allclose(merge_weights(tokens, steps), [0.5, 0.5])  # tokens, the default
+    # tokens^2 / steps: 400^2 / 4 = 40000 and 400^2 / 8 = 20000 -> [2/3, 1/3]: the same data, in
+    # batches twice as large, counts twice.
+    np.testing.assert_allclose(merge_weights(tokens, steps, "tokens_squared_per_step"), [2 / 3, 1 / 3])
     # tokens: 100 and 300 of 400 -> [0.25, 0.75].
     np.testing.assert_allclose(merge_weights([100, 300], [1, 3], "tokens"), [0.25, 0.75])
+    # A push two versions behind, discounted by 0.5 a version: 300 * 0.25 = 75 against 100 -> [4/7, 3/7].
+    np.testing.assert_allclose(merge_weights([100, 300], [1, 3], "tokens", [0, 2], 0.5), [4 / 7, 3 / 7])
+    np.testing.assert_allclose(merge_weights([100, 300], [1, 3], "tokens", [0, 2]), [0.25, 0.75])  # no discount
 
 
 def test_weight_errors() -> None:

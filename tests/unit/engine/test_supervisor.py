@@ -44,6 +44,25 @@ def test_blocked_time_of_a_training_learner_is_filed_as_waiting_and_checkpoint(r
     assert row["goodput"] == pytest.approx(7.0 / 11.0, abs=1e-4)
 
 
+def test_progress_an_adoption_discarded_is_filed_as_wasted(rundir, monkeypatch):
+    """A learner that replaced fragments it had trained on since its push reports the steps thrown away
+    (in whole-model steps); the ledger moves them, at its step time, from productive to wasted, once."""
+    now = [100.0]
+    monkeypatch.setattr(supervisor_module.time, "monotonic", lambda: now[0])
+    fake_ray(monkeypatch)
+    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[])
+    view = {"state": "training", "tokens_per_s": 1000.0, "tokens_per_step": 100}  # 0.1 s a step
+    snapshot = {**view, "discarded_steps": 2.5}
+    answer = Ref({"snapshot": snapshot, "events": [], "metrics": [], "error": None})
+    sup.slots[0] = LearnerSlot(handle=Actor("learner 0", poll=answer), stream=None, view=dict(view), ticked_at=100.0)
+    now[0] = 110.0
+    sup.file_time()
+    for _ in range(2):  # the same cumulative count twice: filed once
+        sup._poll(lambda i, result: None, now[0])
+    row = sup.ledger.summary()["learners"]["0"]
+    assert (row["productive"], row["wasted"]) == pytest.approx((9.75, 0.25))
+
+
 # -- recoveries, with the actors and Ray's calls faked -------------------------------------------
 
 

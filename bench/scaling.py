@@ -34,7 +34,7 @@ RECIPE = "recipes/tiny.yaml"
 DEFAULT_SIZES = (
     "tiny:model.width=64:1228800,"  # 219,520 parameters, 300 steps per learner
     "medium:model.width=96:1638400,"  # 400 steps
-    "small:model.width=128:2048000"  # 840,448 parameters (recipes/small.yaml's width), 500 steps
+    "small:model.width=128:2048000"  # 832,256 parameters (recipes/small.yaml's width), 500 steps
 )
 PLOT = runner.REPO / "bench" / "scaling.png"
 _T0 = time.monotonic()

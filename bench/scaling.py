@@ -210,7 +210,7 @@ def main() -> None:
                     os.replace(tmp, root / "scaling.json")
     text, rows = table(data)
     plot(rows, data["meta"]["algorithms"], PLOT)
-    text += "\n![gap to data-parallel against model size](scaling.png)\n"
+    text += "\nThe plot of the gap against the parameter count: `bench/scaling.png`.\n"
     meta = data["meta"]
     provenance = runner.Provenance(meta["command"], meta["commit"], meta["machine"], meta["date"])
     runner.record("Quality against data-parallel by model size", provenance, text, args.out or runner.RESULTS)

@@ -84,7 +84,7 @@ def test_adopt_modes_by_hand(mode):
 
 
 def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
-    run = make_run(twin_recipe(learners=1, overlap_steps=2, sync_interval_steps=4))
+    run = make_run(twin_recipe(learners=1, overlap_steps=2, sync_interval_steps=4, adopt="replace"))
     sync = run.syncs[0]
     learner = sync.learner
     for _ in range(3):
@@ -328,18 +328,17 @@ def test_a_resumed_learner_continues_from_the_global_model_and_undoes_no_merge()
 
 
 def test_weights_follow_the_tokens_behind_each_push_with_unequal_batches():
-    """Learner 0 steps batches four times the others' at the same pace: over the run, its mean weight
-    in the rounds is its share of the tokens (4/7), not 16/19 as tokens^2/steps would give it."""
-    raw = twin_recipe(learners=4).model_dump()
+    """Learner 0 steps batches four times learner 1's at the same pace: over the run, its mean weight
+    in the rounds is its share of the tokens (4/5), not 16/17 as tokens^2/steps would give it."""
+    raw = twin_recipe(learners=2).model_dump()
     raw["learners"]["overrides"] = [{"index": 0, "batch_size": 4 * raw["learners"]["batch_size"]}]
-    recipe = Recipe.model_validate(raw)
-    run = make_run(recipe)
-    for _ in range(24):
+    run = make_run(Recipe.model_validate(raw))
+    for _ in range(16):
         run.step_all()
     run.finish()
-    weights = np.zeros(4)
+    weights = np.zeros(2)
     rounds = [e for e in run.syncer.drain_events() if e["kind"] == "round_closed"]
-    assert len(rounds) >= 16
+    assert len(rounds) >= 10
     for event in rounds:
         for learner, weight in zip(event["contributors"], event["weights"], strict=True):
             weights[learner] += weight / len(rounds)

@@ -71,8 +71,9 @@ def test_the_estimate_against_a_cpu_learners_measured_peak():
     """What the planner says a learner's arrays take (parameters, AdamW, saved activations, anchors and
     push buffers) against the peak memory of a process training one, above what it holds without them,
     at a size where the model dominates (width 512: 6.3M parameters). Llama's estimate is within 15%;
-    GPT's errs on the generous side: XLA recomputes its GELU's output in the backward pass instead of
-    keeping it, and the estimate counts both."""
+    GPT's errs on the generous side: XLA does not keep every value the backward pass reads (elementwise
+    results such as GELU's output it recomputes inside fusions), and the residuals count them all."""
+
     from dlc.plan.memory import footprint
 
     common = ["learners.count=1", "syncer.fragments=4", "model.width=512", "model.num_layers=2"]

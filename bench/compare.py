@@ -50,6 +50,7 @@ from compare_tables import (
     render,
     title,
 )
+from runner import say
 
 PACED = ("clean",)  # scenarios that get their own `none` reference run
 SLOW_LEARNER = 3  # the straggler in the stragglers scenario (recipes/tiny.yaml has learners 0-3)
@@ -57,13 +58,6 @@ SLOW_FACTOR = 3.0
 STALL_S = 8.0  # longer than the 5 s heartbeat timeout, so rounds stop waiting for the stalled learner
 NO_EVAL_STEPS = 10**9
 PROGRESS_EVERY_S = 30.0
-_T0 = time.monotonic()
-
-
-def say(message: str) -> None:
-    """A progress line on stderr, stamped with the bench's elapsed time."""
-    elapsed = int(time.monotonic() - _T0)
-    print(f"[{elapsed // 60:3d}m{elapsed % 60:02d}s] {message}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import psutil
 import runner
 import yaml
 from proc_memory import MemorySampler, read_events
+from runner import say
 
 from dlc.data.corpus import stdlib_files
 from dlc.data.manifest import TOKENIZER_FILE, Manifest, read_manifest
@@ -58,13 +59,6 @@ MB, GB = 10**6, 10**9  # decimal: text sizes, not memory
 MIB = 2**20
 PROBE_STEPS = 200
 TEXT_MEMORY_FACTOR = 4  # free memory a data.source=text run needs, in corpus sizes (2x driver, 1x object store, slack)
-_T0 = time.monotonic()
-
-
-def say(message: str) -> None:
-    """A progress line on stderr, stamped with the bench's elapsed time."""
-    elapsed = int(time.monotonic() - _T0)
-    print(f"[{elapsed // 60:3d}m{elapsed % 60:02d}s] {message}", file=sys.stderr, flush=True)
 
 
 def cores() -> int:

@@ -35,6 +35,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(1, str(REPO))
 
 
+_T0 = time.monotonic()  # when the bench started: its progress lines count from here
+
+
+def say(message: str) -> None:
+    """A progress line on stderr, stamped with the bench's elapsed time."""
+    elapsed = int(time.monotonic() - _T0)
+    print(f"[{elapsed // 60:3d}m{elapsed % 60:02d}s] {message}", file=sys.stderr, flush=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Running the CLI
 

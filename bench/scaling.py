@@ -29,6 +29,7 @@ from typing import Any
 
 import runner
 from compare_tables import read_run
+from runner import say
 
 RECIPE = "recipes/tiny.yaml"
 DEFAULT_SIZES = (
@@ -37,12 +38,6 @@ DEFAULT_SIZES = (
     "small:model.width=128:2048000"  # 832,256 parameters (recipes/small.yaml's width), 500 steps
 )
 PLOT = runner.REPO / "bench" / "scaling.png"
-_T0 = time.monotonic()
-
-
-def say(message: str) -> None:
-    elapsed = int(time.monotonic() - _T0)
-    print(f"[{elapsed // 60:3d}m{elapsed % 60:02d}s] {message}", file=sys.stderr, flush=True)
 
 
 def parse_sizes(text: str) -> list[dict[str, Any]]:

@@ -31,22 +31,12 @@ CPU_FLOAT_BYTES = 4
 def _abstract(model_json: str) -> tuple[Any, dict[str, jax.ShapeDtypeStruct], Any]:
     from flax import nnx
 
-    from dlc.core.model import Transformer
+    from dlc.core.model import Transformer, flatten_params
 
     model = ModelConfig.model_validate_json(model_json)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(model, nnx.Rngs(0))), nnx.Param)
     params = nnx.to_pure_dict(state)
-    return graphdef, _flatten(params), params
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"blocks/0/attn/q/kernel": leaf}, in `dlc.core.model.flatten_params`'s names and order."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key in sorted(tree, key=str):
-        flat |= _flatten(tree[key], f"{prefix}/{key}" if prefix else str(key))
-    return flat
+    return graphdef, flatten_params(params), params
 
 
 def abstract_params(model: ModelConfig) -> tuple[Any, Any]:
@@ -104,19 +94,28 @@ def learner_arrays(recipe: Recipe, index: int, cpu: bool = True) -> LearnerArray
     batch's wherever its rows are split; gradients, made during the backward pass as the residuals are
     released, are not counted again.
     """
-    from dlc.core.steps import make_optimizer
-
     settings = recipe.learners.resolved(index)
     devices = settings.devices
     fsdp = settings.mesh[1] if devices > 1 else 1
     _, params = abstract_params(recipe.model)
-    optimizer = jax.eval_shape(make_optimizer(recipe.inner, recipe.schedule_steps()).init, params)
+    inner = recipe.inner.model_dump_json()
+    optimizer = _optimizer_leaves(recipe.model.model_dump_json(), inner, recipe.schedule_steps())
     per_example = activation_bytes(recipe.model, recipe.learners.seq_len, CPU_FLOAT_BYTES if cpu else None)
     return LearnerArrays(
         params=_on_devices(jax.tree_util.tree_leaves(params), devices, fsdp),
-        optimizer=_on_devices(jax.tree_util.tree_leaves(optimizer), devices, fsdp),
+        optimizer=_on_devices(optimizer, devices, fsdp),
         activations=settings.batch_size * per_example,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _optimizer_leaves(model_json: str, inner_json: str, schedule_steps: int) -> list[jax.ShapeDtypeStruct]:
+    """AdamW's state for the model, abstract: the same for every learner of a run, whatever its batch."""
+    from dlc.config.workload import InnerConfig
+    from dlc.core.steps import make_optimizer
+
+    optimizer = make_optimizer(InnerConfig.model_validate_json(inner_json), schedule_steps)
+    return jax.tree_util.tree_leaves(jax.eval_shape(optimizer.init, _abstract(model_json)[2]))
 
 
 @functools.lru_cache(maxsize=16)

@@ -96,6 +96,9 @@ class DecoupledLearnerSync:
         self.versions = [0] * P
         self.steps_since = [0] * P
         self.tokens_since = [0] * P
+        # Inner steps of local progress on each fragment still in the parameters and not yet pushed:
+        # `steps_since` less what adoptions took away (a `mix` keeps mix_alpha of it, a replace none).
+        self.unsent_steps = [0.0] * P
         self.seq = 0
         self.incarnation = 0
         self.sent: dict[int, SentRecord] = {}
@@ -110,9 +113,9 @@ class DecoupledLearnerSync:
         self.requests = 0
         self.pushes = 0
         self.adopted = 0
-        # Inner steps of progress adoptions threw away, in whole-model steps: a fragment's progress
-        # since its last push counts by the fragment's share of the model, and by the share of it
-        # the adopt mode drops (replace all, mix 1 - mix_alpha, rebase none).
+        # Inner steps of progress adoptions threw away, in whole-model steps: a fragment's unsent
+        # progress counts by the fragment's share of the model, and by the share of it the adopt
+        # mode drops (replace all, mix 1 - mix_alpha, rebase none).
         self.discarded_steps = 0.0
         self.max_staleness = cfg.max_staleness
         # Pushes the syncer has not acknowledged (by listing them in a merged fragment), kept to
@@ -224,6 +227,7 @@ class DecoupledLearnerSync:
             raise RuntimeError(f"learner {self.learner.index} could not send a push:\n{self.failure}")
         for p in range(self.plan.num_fragments):
             self.steps_since[p] += 1
+            self.unsent_steps[p] += 1
             self.tokens_since[p] += self.learner.tokens_per_step
         requested: list[int] = []
         while not self.inbox.empty():
@@ -254,7 +258,8 @@ class DecoupledLearnerSync:
         params = self.learner.params
         replaces = self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None)
         dropped = 1.0 if replaces else 1.0 - self.mix_alpha if self.adopt_mode == "mix" else 0.0
-        self.discarded_steps += dropped * self.steps_since[p] * self.plan.size(p) / self.plan.total_size
+        self.discarded_steps += dropped * self.unsent_steps[p] * self.plan.size(p) / self.plan.total_size
+        self.unsent_steps[p] *= 1.0 - dropped
         if replaces:
             params = self.ops.write(params, p, global_p)
         elif self.adopt_mode == "mix":  # alpha * theta + (1 - alpha) * global
@@ -284,6 +289,7 @@ class DecoupledLearnerSync:
         self.pushes += 1
         self.sent[p] = SentRecord(self.learner.step, theta)
         self.steps_since[p] = self.tokens_since[p] = 0
+        self.unsent_steps[p] = 0.0
         return {
             "kind": "push_sent",
             "learner": self.learner.index,
@@ -346,6 +352,7 @@ class DecoupledLearnerSync:
         self.versions = list(meta["versions"])
         self.steps_since = list(meta["steps_since"])
         self.tokens_since = list(meta["tokens_since"])
+        self.unsent_steps = [float(n) for n in self.steps_since]
         self.seq = int(meta["seq"])
         with self._lock:
             self.received.start_from(anchors, self.versions)
@@ -385,5 +392,6 @@ class DecoupledLearnerSync:
         self.versions = list(versions)
         self.steps_since = [0] * self.plan.num_fragments
         self.tokens_since = [0] * self.plan.num_fragments
+        self.unsent_steps = [0.0] * self.plan.num_fragments
         self.sent.clear()
         self.waiting.clear()

@@ -70,6 +70,7 @@ def test_adopt_modes_by_hand(mode):
     sync.sent[p] = SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s))
     sync.scatter(p, s + 0.5)  # local progress d = 0.5 while the fragment was in flight
     sync.steps_since[p] = 3  # ... made in three steps
+    sync.unsent_steps[p] = 3.0
     G = np.full(size, 3.0, np.float32)
     sync.adopt(p, 1, G)
     expected = {"replace": 3.0, "mix": 0.25 * 1.5 + 0.75 * 3.0, "rebase": 3.0 + 0.5}[mode]
@@ -81,6 +82,12 @@ def test_adopt_modes_by_hand(mode):
     assert sync.discarded_steps == pytest.approx(dropped * 3 * share)
     np.testing.assert_allclose(sync.ops.to_host(p, sync.anchors[p]), 3.0)  # the anchor is the global value
     assert sync.versions[p] == 1
+    # A second adoption with nothing pushed in between drops a share of what the first one left,
+    # never the same steps twice: mix keeps alpha of them each time; rebase, with no push in flight
+    # to rebase on, replaces what it kept.
+    sync.adopt(p, 2, np.full(size, 4.0, np.float32))
+    total = {"replace": 1.0, "mix": 0.75 + 0.25 * 0.75, "rebase": 1.0}[mode]
+    assert sync.discarded_steps == pytest.approx(total * 3 * share)
 
 
 def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():

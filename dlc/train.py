@@ -11,7 +11,7 @@ from dlc.engine.driver import Driver, Outcome
 from dlc.engine.interrupts import Interrupts
 from dlc.engine.journal import check_journal
 from dlc.observe.console import ProgressView
-from dlc.observe.trackers import check_trackers
+from dlc.observe.trackers import check_trackers, default_trackers
 from dlc.plan.memory import check_fits, fragment_plan
 from dlc.run.files import syncer_journal_path
 from dlc.run.rundir import Claim, RunDir
@@ -37,8 +37,11 @@ def run(
     ensure_prepared(recipe)
     recipe, manifest = resolve_data(recipe)  # the vocabulary every process builds its model with
     check_fits(recipe)  # before anything is allocated
+    recipe, no_tensorboard = default_trackers(recipe)
     check_trackers(recipe)  # a tracker that cannot start (no package, no server, no W&B login) refuses it here
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
+    if no_tensorboard:
+        view.message(no_tensorboard)
     data = plan_data(recipe, manifest)
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
     with Claim() as claim:  # one dlc train at a time in the run directory, until this returns

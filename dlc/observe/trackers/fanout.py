@@ -1,7 +1,8 @@
 """The run's trackers as one: started once, told of every record, kept apart from training when one fails.
 
 `check_trackers` runs before anything is written (a missing package, an unreachable MLflow server or
-no W&B login is one line, exit code 2). `Trackers.open` starts them once the run has begun and keeps
+no W&B login is one line, exit code 2); `default_trackers` first leaves TensorBoard out of a recipe
+that did not ask for it when tensorboardX is missing. `Trackers.open` starts them once the run has begun and keeps
 their run ids in trackers.json, so a resume goes on in the same tracker runs; one that fails to start
 then is left out with one line. The driver makes the
 result the run directory's observer: each event, metric and status written reaches every tracker.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +61,21 @@ class Tracker(Protocol):
 
 def _module(name: str) -> Any:
     return importlib.import_module(_MODULES[name])
+
+
+def default_trackers(recipe: Recipe) -> tuple[Recipe, str | None]:
+    """`recipe`, without TensorBoard where the recipe left `track` at its default and tensorboardX is
+    not installed (dlc installed with --no-deps, as on a machine that has its own JAX), and the line
+    that says so; a recipe that names tensorboard is refused by `check_trackers` instead."""
+    if "track" in recipe.model_fields_set or "tensorboard" not in recipe.track:
+        return recipe, None
+    if importlib.util.find_spec("tensorboardX") is not None:
+        return recipe, None
+    track = [name for name in recipe.track if name != "tensorboard"]
+    return recipe.model_copy(update={"track": track}), (
+        "no TensorBoard files for this run: tensorboardX is not installed (pip install tensorboardX, "
+        "or set track=[] to silence this)"
+    )
 
 
 def check_trackers(recipe: Recipe) -> None:

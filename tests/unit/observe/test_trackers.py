@@ -14,7 +14,7 @@ import pytest
 
 from dlc.config.load import load_recipe
 from dlc.errors import UserError
-from dlc.observe.trackers import Trackers, check_trackers
+from dlc.observe.trackers import Trackers, check_trackers, default_trackers
 from dlc.observe.trackers.fanout import STATUS_EVERY_S
 from dlc.observe.trackers.points import MEAN_STEP, TOKENS, Note, Point, metric_points, status_points
 from dlc.run.rundir import RunDir
@@ -241,6 +241,20 @@ def test_records_become_named_points():
 
 
 # -- trackers that cannot start ------------------------------------------------------------------------------
+
+
+def test_the_default_tensorboard_is_left_out_where_tensorboardx_is_missing_and_a_named_one_refused(monkeypatch):
+    # Installed: the default stays.
+    assert default_trackers(load_recipe(TINY)) == (load_recipe(TINY), None)
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if it were not installed (pip install --no-deps)
+    recipe, line = default_trackers(load_recipe(TINY))
+    assert recipe.track == [] and "tensorboardX is not installed (pip install tensorboardX" in line
+    check_trackers(recipe)
+    # Asked for by name, it is refused instead, in one line with the fix.
+    for named in (load_recipe(TINY, ["track=[tensorboard]"]), load_recipe(TINY, ["track=tensorboard"])):
+        assert default_trackers(named) == (named, None)
+        with pytest.raises(UserError, match="tensorboardX package is missing: pip install tensorboardX"):
+            check_trackers(named)
 
 
 def test_a_tracker_that_cannot_start_is_one_line_naming_the_fix(tmp_path, monkeypatch):

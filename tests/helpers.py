@@ -39,14 +39,17 @@ STEPS = "run.max_steps=300"
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 240, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `dlc ARGS` in a fresh interpreter, as a user would (`env`: variables added to ours)."""
+    """Run `dlc ARGS` in a fresh interpreter, as a user would (`env`: variables added to ours; a
+    PYTHONPATH there comes before the repository's)."""
+    added = env or {}
+    paths = [added["PYTHONPATH"], str(REPO)] if "PYTHONPATH" in added else [str(REPO)]
     return subprocess.run(
         [sys.executable, "-m", "dlc.cli", *args],
         cwd=cwd or REPO,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)},
+        env={**os.environ, **added, "PYTHONPATH": os.pathsep.join(paths)},
     )
 
 

@@ -9,6 +9,9 @@ learner lifts the CPU learners' global model.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +23,45 @@ GPUS = visible_gpus()
 needs_gpu = pytest.mark.skipif(GPUS == 0, reason="no NVIDIA GPU visible")
 
 
+# What a GPU machine may lack: there dlc is installed with --no-deps beside the machine's own JAX (as
+# .device/gpu-check.sh does), and its pure-Python dependencies and the test extras may be missing.
+BESIDE_ITS_OWN_JAX = (
+    *("tokenizers", "safetensors", "tensorboardX", "matplotlib"),  # dlc's own
+    *("pyarrow", "datasets", "wandb", "mlflow"),  # its extras'
+)
+
+
+def without_packages(tmp_path: Path) -> str:
+    """A PYTHONPATH entry whose sitecustomize makes every package of BESIDE_ITS_OWN_JAX fail to import,
+    in the process and in every process it starts (Ray's workers inherit it)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import sys\nsys.modules.update(dict.fromkeys({BESIDE_ITS_OWN_JAX!r}))\n")
+    return str(site)
+
+
 def kinds(run_dir: Path) -> list[str]:
     return [e["kind"] for e in read_jsonl(run_dir / "events.jsonl")]
+
+
+def test_a_machine_with_only_jax_and_the_packed_packages_collects_the_gpu_tests_and_trains(tmp_path):
+    site = without_packages(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(REPO)])}
+    code = "import sys, pytest; sys.exit(pytest.main(['--collect-only', '-q', '-m', 'gpu', '-p', 'no:cacheprovider']))"
+    collected = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert collected.returncode == 0, collected.stdout[-3000:]
+    assert "test_gpu.py::test_four_learners_share_one_gpu_with_nothing_set_by_hand" in collected.stdout
+    # The recipe leaves `track` at its default: TensorBoard steps aside in one line, and the run trains.
+    run_dir = tmp_path / "run"
+    steps = ["learners.count=2", "run.max_steps=40", "eval.every_steps=40"]
+    result = run_cli("train", str(TINY), f"run.dir={run_dir}", *steps, timeout=300, env={"PYTHONPATH": site})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no TensorBoard files for this run: tensorboardX is not installed" in result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["eval_loss_final"] < summary["eval_loss_initial"]
+    assert not (run_dir / "tensorboard").exists()
 
 
 @pytest.mark.skipif(GPUS >= 4, reason="this machine has the 4 GPUs the recipe asks for")

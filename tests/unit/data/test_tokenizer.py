@@ -7,8 +7,6 @@ import json
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import pre_tokenizers
 
 from dlc.data.tokenizer import (
     EOS_TOKEN,
@@ -22,17 +20,24 @@ from dlc.data.tokenizer import (
 )
 from dlc.errors import UserError
 
+# Each test imports `tokenizers` itself: `pytest -m gpu` collects this file on a GPU machine where dlc
+# was installed with --no-deps beside the machine's own JAX, and tokenizers may be missing there.
+
 TEXT = "naïve café — 日本語 🙂 tab\tnewline\n\x00 end"
 CORPUS = [f"def function_{i}(value):\n    return value * {i} + offset  # naïve\n" for i in range(200)]
 
 
 def test_byte_symbols_are_the_byte_level_alphabet():
+    from tokenizers import pre_tokenizers
+
     symbols = byte_symbols()
     assert len(set(symbols)) == 256 and set(symbols) == set(pre_tokenizers.ByteLevel.alphabet())
     assert symbols[ord("A")] == "A" and symbols[ord(" ")] == "Ġ"  # GPT-2's stand-in for a space
 
 
 def test_bytes_fast_path_equals_its_tokenizer_json():
+    from tokenizers import Tokenizer as HFTokenizer
+
     tok = bytes_tokenizer()
     assert (tok.vocab_size, tok.eos_id, tok.eos_token) == (257, 256, EOS_TOKEN)
     [fast] = tok.encode_batch([TEXT])
@@ -71,6 +76,8 @@ def test_train_bpe_merges_and_round_trips():
 
 
 def test_train_bpe_on_a_tiny_corpus_records_the_vocabulary_it_got():
+    from tokenizers import Tokenizer as HFTokenizer
+
     tok = train_bpe(["ab ab"], 1000)
     assert tok.vocab_size < 1000 and tok.vocab_size == HFTokenizer.from_str(tok.to_json()).get_vocab_size()
 

@@ -55,7 +55,7 @@ def test_a_machine_with_only_jax_and_the_packed_packages_collects_the_gpu_tests_
     assert "test_gpu.py::test_four_learners_share_one_gpu_with_nothing_set_by_hand" in collected.stdout
     # The recipe leaves `track` at its default: TensorBoard steps aside in one line, and the run trains.
     run_dir = tmp_path / "run"
-    steps = ["learners.count=2", "run.max_steps=40", "eval.every_steps=40"]
+    steps = ["learners.count=1", "run.max_steps=30", "eval.every_steps=30"]
     result = run_cli("train", str(TINY), f"run.dir={run_dir}", *steps, timeout=300, env={"PYTHONPATH": site})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no TensorBoard files for this run: tensorboardX is not installed" in result.stderr

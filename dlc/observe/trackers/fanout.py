@@ -2,10 +2,10 @@
 
 `check_trackers` runs before anything is written (a missing package, an unreachable MLflow server or
 no W&B login is one line, exit code 2); `default_trackers` first leaves TensorBoard out of a recipe
-that did not ask for it when tensorboardX is missing. `Trackers.open` starts them once the run has begun and keeps
-their run ids in trackers.json, so a resume goes on in the same tracker runs; one that fails to start
-then is left out with one line. The driver makes the
-result the run directory's observer: each event, metric and status written reaches every tracker.
+that did not ask for it when tensorboardX is missing. `Trackers.open` starts them once the run has
+begun and keeps their run ids in trackers.json, so a resume goes on in the same tracker runs; one
+that fails to start then is left out with one line. The driver makes the result the run
+directory's observer: each event, metric and status written reaches every tracker.
 A tracker that raises later is switched off with one line; training goes on.
 """
 

@@ -236,18 +236,12 @@ def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
         screen = _wait_screen(
             session, lambda s: "· failed" in s or _state(s, 2) == "training", 300, "the run failed or learner 2 back"
         )
-        failed = "· failed" in screen
-        if failed:  # without restarts a dead learner fails the run
-            assert _state(screen, 2) == "dead" and "run failed: learner 2 died" in screen
-        else:
-            assert "tiny · decoupled · running" in screen and cells(screen, 2)["restarts"] == "1"
+        assert "tiny · decoupled · running" in screen and cells(screen, 2)["restarts"] == "1", screen
         subprocess.run([*tmux, "send-keys", "-t", session, "q"], check=True)
         deadline = time.time() + 10
         while subprocess.run([*tmux, "has-session", "-t", session], capture_output=True).returncode == 0:
             assert time.time() < deadline, "q did not quit the view"
             time.sleep(0.2)
-        if failed:
-            pytest.skip("learner restarts are not implemented yet: the run failed instead of bringing learner 2 back")
     finally:
         subprocess.run(["tmux", "-L", session, "kill-server"], capture_output=True)
         (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / session).unlink(missing_ok=True)

@@ -1,9 +1,11 @@
 """GPUs on the real CLI and a real local Ray cluster.
 
 Without a GPU: a recipe reserving GPUs the cluster lacks, and a learner whose JAX has no GPU backend,
-each end the run in one line with exit code 2. With one (marker `gpu`, skipped where nvidia-smi shows
-none): recipes/gpu.yaml's 4 learners share it with nothing set by hand, and recipes/mixed.yaml's GPU
-learner lifts the CPU learners' global model.
+each end the run in one line with exit code 2; and where dlc's pure-Python dependencies are missing,
+as on a GPU machine where it was installed with --no-deps, the GPU tests still collect and tiny
+trains. With one (marker `gpu`, skipped where nvidia-smi shows none): recipes/gpu.yaml's 4 learners
+share it with nothing set by hand, and recipes/mixed.yaml's GPU learner lifts the CPU learners'
+global model.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import threading
 import time
 from collections.abc import Callable
@@ -69,7 +68,7 @@ def default_trackers(recipe: Recipe) -> tuple[Recipe, str | None]:
     that says so; a recipe that names tensorboard is refused by `check_trackers` instead."""
     if "track" in recipe.model_fields_set or "tensorboard" not in recipe.track:
         return recipe, None
-    if importlib.util.find_spec("tensorboardX") is not None:
+    if _module("tensorboard").installed():
         return recipe, None
     track = [name for name in recipe.track if name != "tensorboard"]
     return recipe.model_copy(update={"track": track}), (

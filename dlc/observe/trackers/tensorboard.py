@@ -23,14 +23,21 @@ NOTES_TAG = "events"  # TensorBoard's text tab: faults, recoveries and chaos, on
 _WRITERS = itertools.count()  # tensorboardX names a file for its second and host, and overwrites one of that name
 
 
-def check(recipe: Recipe) -> None:
+def installed() -> bool:
+    """Whether tensorboardX imports here (dlc installed with --no-deps may lack it)."""
     try:
         import tensorboardX  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def check(recipe: Recipe) -> None:
+    if not installed():
         raise UserError(
             "track lists tensorboard but the tensorboardX package is missing: pip install tensorboardX "
             "(dlc depends on it: reinstall dlc), or remove tensorboard from track"
-        ) from None
+        )
 
 
 class TensorBoardTracker:

@@ -92,7 +92,7 @@ def train_one(recipe_path: str, overrides: list[str], paces: list[float], tokens
             for learner in range(learners.count):
                 weights[learner].append(given.get(learner, 0.0))
     trained = [learner.step * t for learner, t in zip(run.learners, per_step, strict=True)]
-    discarded = sum(getattr(sync, "discarded_steps", 0.0) for sync in run.syncs)
+    discarded = sum(sync.discarded_steps for sync in run.syncs)
     return {
         "loss": float(run.global_eval()),
         "mean_weight": [statistics.fmean(w) if w else 0.0 for w in weights],
@@ -160,7 +160,7 @@ def main() -> None:
         runs = [results[label, s] for s in seeds]
         fair = [statistics.fmean(r["mean_weight"][i] / r["token_share"][i] for r in runs) for i in range(count)]
         discarded = statistics.fmean(r["discarded"] for r in runs)
-        stale = statistics.fmean(r.get("stale", 0.0) for r in runs)
+        stale = statistics.fmean(r["stale"] for r in runs)
         vs_dp = f"{(mean / dp - 1) * 100:+.1f}%" if dp is not None else ""
         print(
             f"| {label} | {' / '.join(f'{x:.4f}' for x in losses(label))} | {mean:.4f} | "

@@ -1,158 +1,119 @@
-"""The syncer's arithmetic: contributor weights, delta merging and the outer optimizer.
+"""The outer step: what the syncer does with a merged outer gradient, one optimizer per fragment.
 
-An outer gradient (delta) is ``anchor - theta``: it points from a learner's parameters
-back to the global ones it started from, so applying it with a positive learning rate
-moves the global fragment toward the learners.
+An outer gradient points from the learners' parameters back to the global ones, so a positive
+learning rate moves the global fragment toward the learners. Every kind keeps its own state per
+fragment and hands it out as `state()` (a dict of arrays) and takes it back with `load()`: the
+syncers, their journals and their checkpoints store it without knowing its keys. The recipe picks
+a kind by name (`syncer.outer.kind`, settings in `dlc.config.outer`); `make_outer` builds it.
+
+Adding a kind: a settings section in `dlc.config.outer`, a class here with `step`, `state` and
+`load`, and its line in `OUTER_STEPS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-WEIGHT_MODES: tuple[str, ...] = ("uniform", "tokens", "tokens_squared_per_step")
-MERGE_METHODS: tuple[str, ...] = ("mean", "rda")
+from dlc.config.outer import DelayedNesterovOuter, NesterovOuter
 
 
-def merge_weights(
-    tokens: Sequence[int],
-    steps: Sequence[int],
-    mode: str = "tokens",
-    staleness: Sequence[int] | None = None,
-    discount: float = 1.0,
-) -> np.ndarray:
-    """Normalised contributor weights (float64, summing to 1).
+class OuterStep(Protocol):
+    """The outer optimizer of one fragment."""
 
-    ``uniform``: 1 each; ``tokens``: tokens_m, the data behind the push; ``tokens_squared_per_step``:
-    tokens_m^2 / steps_m, i.e. quantity of data times tokens per step (a learner with k times the
-    batch gets k times its share of the data). Each version a push is behind (``staleness``)
-    multiplies its weight by ``discount`` before they are normalised.
-    """
-    if mode not in WEIGHT_MODES:
-        raise ValueError(f"unknown weight mode {mode!r}: choose one of {WEIGHT_MODES}")
-    if len(tokens) != len(steps):
-        raise ValueError(f"{len(tokens)} token counts but {len(steps)} step counts")
-    if not tokens:
-        raise ValueError("cannot weight an empty set of contributors")
-    tok = np.asarray(tokens, dtype=np.float64)
-    stp = np.asarray(steps, dtype=np.float64)
-    if np.any(stp <= 0):
-        bad = int(np.argmax(stp <= 0))
-        raise ValueError(f"contributor {bad} reports {steps[bad]} steps; need >= 1")
-    if np.any(tok < 0):
-        raise ValueError("token counts must not be negative")
-    if mode == "uniform":
-        raw = np.ones_like(tok)
-    elif mode == "tokens":
-        raw = tok
-    else:
-        raw = tok * tok / stp
-    if staleness is not None and discount != 1.0:
-        raw = raw * discount ** np.asarray(staleness, dtype=np.float64)
-    total = raw.sum()
-    if total <= 0:
-        raise ValueError(f"all contributors have zero weight under mode {mode!r}")
-    return raw / total
+    def step(self, theta: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        """The fragment's next global value; neither input is modified."""
+        ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
+    def load(self, state: dict[str, np.ndarray]) -> None: ...
 
 
-def merge_deltas(
-    deltas: Sequence[np.ndarray],
-    weights: np.ndarray,
-    method: str = "mean",
-    segments: Sequence[tuple[str, int, int]] | None = None,
-    mean_names: Collection[str] = frozenset(),
-) -> np.ndarray:
-    """Merge flat float32 deltas into one vector.
-
-    ``mean``: weighted average. ``rda``: radial-directional averaging per segment
-    (name, offset, length): the merged norm is the weighted mean of the norms and the
-    direction is the normalised weighted sum of unit directions, so disagreeing
-    learners do not shrink the update. Segments named in ``mean_names`` (embeddings,
-    where each step touches few rows) use the weighted mean. ``segments=None`` means
-    one segment spanning the whole vector. Weights need not be normalised.
-    """
-    if method not in MERGE_METHODS:
-        raise ValueError(f"unknown merge method {method!r}: choose one of {MERGE_METHODS}")
-    if not deltas:
-        raise ValueError("cannot merge zero deltas")
-    flats = [np.asarray(d, dtype=np.float32).reshape(-1) for d in deltas]
-    size = flats[0].size
-    if any(f.size != size for f in flats):
-        raise ValueError(f"deltas differ in length: {sorted({f.size for f in flats})}")
-    w = np.asarray(weights, dtype=np.float64).reshape(-1)
-    if w.shape != (len(flats),):
-        raise ValueError(f"{len(flats)} deltas but {w.size} weights")
-    if np.any(w < 0) or w.sum() <= 0:
-        raise ValueError("weights must be non-negative with a positive sum")
-    w = w / w.sum()
-    if method == "mean":
-        return _mean(flats, w)
-    if segments is None:
-        segments = [("", 0, size)]
-    if sum(length for _, _, length in segments) != size:
-        raise ValueError(f"segments cover {sum(s[2] for s in segments)} of {size} values")
-    out = np.empty(size, dtype=np.float32)
-    for name, offset, length in segments:
-        if offset < 0 or offset + length > size:
-            raise ValueError(f"segment {name!r} [{offset}, {offset + length}) out of range")
-        parts = [f[offset : offset + length] for f in flats]
-        merge = _mean if name in mean_names else _rda
-        out[offset : offset + length] = merge(parts, w)
-    return out
+def _checked(theta: np.ndarray, grad: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    theta = np.asarray(theta, dtype=np.float32)
+    grad = np.asarray(grad, dtype=np.float32)
+    if grad.shape != theta.shape:
+        raise ValueError(f"gradient shape {grad.shape} != theta shape {theta.shape}")
+    if theta.size != size:
+        raise ValueError(f"this outer step holds {size} values; theta has {theta.size}")
+    return theta, grad
 
 
-def _mean(parts: Sequence[np.ndarray], w: np.ndarray) -> np.ndarray:
-    """Weighted sum of float32 vectors; ``w`` sums to 1."""
-    out = np.zeros(parts[0].shape, dtype=np.float32)
-    for weight, part in zip(w, parts, strict=True):
-        out += np.float32(weight) * part
-    return out
+def _loaded(state: dict[str, Any], key: str, size: int) -> np.ndarray:
+    value = np.asarray(state[key], dtype=np.float32).reshape(-1)
+    if value.size != size:
+        raise ValueError(f"outer state {key!r} holds {value.size} values; the fragment has {size}")
+    return value
 
 
-def _rda(parts: Sequence[np.ndarray], w: np.ndarray) -> np.ndarray:
-    """RDA of one segment, one float32 vector per learner; ``w`` sums to 1."""
-    norms = np.array([float(np.linalg.norm(part)) for part in parts])
-    radius = float(w @ norms)
-    direction = np.zeros(parts[0].shape, dtype=np.float32)
-    for weight, norm, part in zip(w, norms, parts, strict=True):
-        # A zero delta has no direction: it lowers the mean norm but adds no direction.
-        if norm > 0:
-            direction += np.float32(weight / norm) * part
-    length = float(np.linalg.norm(direction))
-    if length == 0:
-        # No learner moved, or their directions cancel exactly: no move either.
-        return np.zeros_like(direction)
-    return direction * np.float32(radius / length)
+class Nesterov:
+    """Nesterov SGD: ``buf = mu * buf + g; theta = theta - lr * (g + mu * buf)``, the update of
+    ``torch.optim.SGD(nesterov=True)`` without dampening or weight decay (DiLoCo's outer step).
+    With momentum 0 and lr 1 the new value is the merged learners' (theta - g)."""
+
+    def __init__(self, cfg: NesterovOuter, size: int) -> None:
+        self.lr = np.float32(cfg.lr)
+        self.mu = np.float32(cfg.momentum)
+        self.size = size
+        self.buf = np.zeros(size, dtype=np.float32)
+
+    def step(self, theta: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        theta, grad = _checked(theta, grad, self.size)
+        self.buf = self.mu * self.buf + grad
+        return (theta - self.lr * (grad + self.mu * self.buf)).astype(np.float32)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"momentum": self.buf}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        self.buf = _loaded(state, "momentum", self.size)
 
 
-class OuterNesterov:
-    """Nesterov SGD on a global fragment, the merged delta as its gradient.
+class DelayedNesterov:
+    """Delayed Nesterov (arXiv 2401.09135, Algorithm 3; the update between momentum rounds is our
+    reading): every round a plain SGD step on the fresh gradient, ``theta -= lr * g``; every
+    `delay_rounds`-th round the momentum takes the mean of the gradients since its last update,
+    ``buf = mu * buf + mean(g)``, and the step is Nesterov's, ``theta -= lr * (g + mu * buf)``.
+    With delay_rounds=1 it is `Nesterov`. Momentum built from stale and fresh pushes alike moves
+    N times more slowly, which is what keeps asynchronous merges from overshooting."""
 
-    ``buf = mu * buf + g; theta = theta - lr * (g + mu * buf)``, the update of
-    ``torch.optim.SGD(nesterov=True)`` without dampening or weight decay. The caller
-    keeps one momentum buffer per fragment.
-    """
+    def __init__(self, cfg: DelayedNesterovOuter, size: int) -> None:
+        self.lr = np.float32(cfg.lr)
+        self.mu = np.float32(cfg.momentum)
+        self.every = cfg.delay_rounds
+        self.size = size
+        self.buf = np.zeros(size, dtype=np.float32)
+        self.pending = np.zeros(size, dtype=np.float32)  # the sum of the gradients since the last update
+        self.rounds = 0  # since the last momentum update
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9) -> None:
-        if lr <= 0:
-            raise ValueError(f"outer lr={lr} must be positive")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"outer momentum={momentum} must be in [0, 1)")
-        self.lr = lr
-        self.momentum = momentum
+    def step(self, theta: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        theta, grad = _checked(theta, grad, self.size)
+        self.pending = self.pending + grad
+        self.rounds += 1
+        if self.rounds < self.every:
+            return (theta - self.lr * grad).astype(np.float32)
+        self.buf = self.mu * self.buf + self.pending / np.float32(self.rounds)
+        self.pending = np.zeros_like(self.pending)
+        self.rounds = 0
+        return (theta - self.lr * (grad + self.mu * self.buf)).astype(np.float32)
 
-    def step(self, theta: np.ndarray, grad: np.ndarray, buf: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """New (theta, buf); ``buf=None`` is a zero buffer. Inputs are not modified."""
-        theta = np.asarray(theta, dtype=np.float32)
-        grad = np.asarray(grad, dtype=np.float32)
-        if grad.shape != theta.shape:
-            raise ValueError(f"gradient shape {grad.shape} != theta shape {theta.shape}")
-        if buf is None:
-            buf = np.zeros_like(theta)
-        elif buf.shape != theta.shape:
-            raise ValueError(f"momentum shape {buf.shape} != theta shape {theta.shape}")
-        mu = np.float32(self.momentum)
-        new_buf = mu * buf + grad
-        new_theta = theta - np.float32(self.lr) * (grad + mu * new_buf)
-        return new_theta.astype(np.float32), new_buf.astype(np.float32)
+    def state(self) -> dict[str, np.ndarray]:
+        return {"momentum": self.buf, "pending": self.pending, "rounds": np.array([self.rounds], dtype=np.int64)}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        self.buf = _loaded(state, "momentum", self.size)
+        self.pending = _loaded(state, "pending", self.size)
+        self.rounds = int(np.asarray(state["rounds"]).reshape(-1)[0])
+
+
+OUTER_STEPS: dict[str, type[Nesterov] | type[DelayedNesterov]] = {
+    "nesterov": Nesterov,
+    "delayed_nesterov": DelayedNesterov,
+}
+
+
+def make_outer(cfg: NesterovOuter | DelayedNesterovOuter, size: int) -> OuterStep:
+    """The outer step the recipe names, for a fragment of `size` values, with fresh state."""
+    return OUTER_STEPS[cfg.kind](cfg, size)  # type: ignore[arg-type]

@@ -90,31 +90,54 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     return recipe_from_dict(data, origin=str(path))
 
 
+def _model_of(annotation: Any, tag: Any) -> type[BaseModel] | None:
+    """The model a field holds: the class itself, an optional one, or the member of a tagged union
+    (`syncer.outer`) whose tag is `tag`."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        metadata = getattr(candidate, "__metadata__", ())
+        if metadata:  # Annotated[Model, Tag(...)]: a member of a union chosen by kind
+            if any(getattr(m, "tag", None) == tag for m in metadata):
+                return candidate.__origin__
+            continue
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
 def _field_names(loc: tuple[Any, ...]) -> list[str]:
     """Declared field names at the place `loc` points to (for did-you-mean)."""
     model: Any = Recipe
-    for part in loc[:-1]:
+    parts = list(loc[:-1])
+    while parts:
+        part = parts.pop(0)
         field = model.model_fields.get(part) if isinstance(part, str) else None
         if field is None:
             if isinstance(part, int):
                 continue
             return []
-        annotation = field.annotation
-        args = getattr(annotation, "__args__", ())
-        candidates = [annotation, *args]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        model = _model_of(field.annotation, parts[0] if parts else None)
         if model is None:
             return []
+        if parts and model.model_fields.get("kind") is not None and parts[0] == model.model_fields["kind"].default:
+            parts.pop(0)  # the union's tag in the error's location, not a field
     return list(model.model_fields)
+
+
+def _shown(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An error's location as a user writes the key: without the tag pydantic puts after a union
+    chosen by kind (syncer.outer.nesterov.lr -> syncer.outer.lr)."""
+    from dlc.config.outer import OUTER_KINDS
+
+    return tuple(p for i, p in enumerate(loc) if not (i and loc[i - 1] == "outer" and p in OUTER_KINDS))
 
 
 def describe_validation_error(exc: ValidationError, origin: str) -> str:
     lines = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = _shown(tuple(err["loc"]))
         where = ".".join(str(p) for p in loc) or "recipe"
         if err["type"] == "extra_forbidden":
-            names = _field_names(loc)
+            names = _field_names(tuple(err["loc"]))
             close = difflib.get_close_matches(str(loc[-1]), names, n=1)
             hint = (
                 f"did you mean {'.'.join(str(p) for p in loc[:-1] + (close[0],))}?"

@@ -13,6 +13,16 @@ from pydantic import BaseModel
 from dlc.config.schema import Recipe
 
 
+def _kinds(annotation: Any) -> list[tuple[str, type[BaseModel]]]:
+    """The members of a union chosen by kind (`Annotated[Model, Tag(kind)] | ...`), with their kinds."""
+    members = []
+    for candidate in getattr(annotation, "__args__", ()):
+        tags = [m.tag for m in getattr(candidate, "__metadata__", ()) if hasattr(m, "tag")]
+        if tags:
+            members.append((tags[0], candidate.__origin__))
+    return members
+
+
 def reference_markdown() -> str:
     """Every recipe field with its default and meaning: a table for the top level, then one per section."""
     from pydantic_core import PydanticUndefined
@@ -36,6 +46,13 @@ def reference_markdown() -> str:
                 default = default.model_dump(mode="json")
             shown = default if default == "required" else json.dumps(default)
             lines.append(f"| `{section}.{name}` | `{shown}` | {sub.description} |")
+            for kind, member in _kinds(sub.annotation):  # a union chosen by kind: each kind's own fields
+                for key, leaf in member.model_fields.items():
+                    if key != "kind":
+                        lines.append(
+                            f"| `{section}.{name}.{key}` (kind `{kind}`) | `{json.dumps(leaf.default)}` | "
+                            f"{leaf.description} |"
+                        )
             item = next(iter(getattr(sub.annotation, "__args__", ())), None)
             if isinstance(item, type) and issubclass(item, BaseModel):  # a list of per-item settings
                 for key, leaf in item.model_fields.items():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from dlc.config.outer import NesterovOuter, OuterConfig, legacy_outer, outer_with_kind
 from dlc.config.section import Section
 
 
@@ -48,11 +49,10 @@ class SyncerConfig(Section):
         description="rda: radial-directional averaging per tensor (weighted mean for embeddings); mean: weighted "
         "average of deltas.",
     )
-    outer_lr: float = Field(
-        1.0, gt=0, description="Outer Nesterov SGD learning rate (1.0 with momentum 0: the weighted average)."
-    )
-    outer_momentum: float = Field(
-        0.0, ge=0, lt=1, description="Outer Nesterov momentum (DiLoCo uses 0.9 with lr 0.7 at H=500)."
+    outer: OuterConfig = Field(
+        default_factory=NesterovOuter,
+        description="The outer step on each merged fragment, chosen by kind with its own fields beside it: "
+        "nesterov (lr, momentum) or delayed_nesterov (lr, momentum, delay_rounds).",
     )
     adopt: Literal["replace", "mix", "rebase"] = Field(
         "rebase",
@@ -77,6 +77,16 @@ class SyncerConfig(Section):
         "calls.",
     )
     checkpoint_interval_s: float = Field(30.0, gt=0, description="Seconds between syncer checkpoints.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_outer(cls, data: Any) -> Any:
+        return legacy_outer(data)
+
+    @field_validator("outer", mode="before")
+    @classmethod
+    def _outer_kind(cls, value: Any) -> Any:
+        return outer_with_kind(value)
 
     @field_validator("weighting", mode="before")
     @classmethod

@@ -137,9 +137,10 @@ def record_problem(record: Any, fragment_sizes: Sequence[int] | None = None) -> 
         return None
     if fragment >= len(fragment_sizes):
         return f"is a round of fragment {fragment}, but this run has {len(fragment_sizes)} fragments"
-    for key in ("theta", "momentum"):  # the fragment's values, where the record carries them
-        if key in record and np.size(record[key]) != fragment_sizes[fragment]:
-            return f"holds {np.size(record[key])} values of fragment {fragment}, which has {fragment_sizes[fragment]}"
+    if "theta" in record and np.size(record["theta"]) != fragment_sizes[fragment]:
+        return f"holds {np.size(record['theta'])} values of fragment {fragment}, which has {fragment_sizes[fragment]}"
+    if "outer" in record and not isinstance(record["outer"], dict):  # the outer step's state, its keys its own
+        return f"holds an outer step state that is a {type(record['outer']).__name__}"
     return None
 
 

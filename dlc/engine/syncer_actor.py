@@ -222,7 +222,7 @@ class SyncerWorker:
             tree, meta = self.syncer.state()
             meta = {**meta, "round_events": self._round_events}
             self._round_events = []
-            tree = {k: {p: np.array(v) for p, v in d.items()} for k, d in tree.items()}
+            tree = _copied(tree)
             step = self.syncer.counters.rounds_closed
             # Rounds after this state go to a fresh journal; the old one stays until the
             # checkpoint is complete, so a death mid-save still replays from the previous one.
@@ -278,3 +278,10 @@ def _record_name(record: dict[str, Any]) -> str:
     if "fragment" in record:
         return f"a round of fragment {record['fragment']}"
     return "a refused push" if "refused" in record else "its merge history"
+
+
+def _copied(tree: Any) -> Any:
+    """A copy of a nested dict of arrays, taken under the lock: the write goes on after it is released."""
+    if isinstance(tree, dict):
+        return {key: _copied(value) for key, value in tree.items()}
+    return np.array(tree)

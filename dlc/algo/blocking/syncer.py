@@ -26,7 +26,8 @@ import numpy as np
 from dlc.algo.blocking.messages import Contribution, GlobalModel
 from dlc.algo.counters import SyncCounters
 from dlc.algo.global_model import GlobalFragments
-from dlc.algo.outer import OuterNesterov, merge_weights
+from dlc.algo.merge import merge_weights
+from dlc.algo.outer import make_outer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan, shapes_of
@@ -43,21 +44,19 @@ class Combiner(Protocol):
 
 
 class OuterStep:
-    """diloco: outer Nesterov SGD with the mean outer gradient."""
+    """diloco: the recipe's outer step (`syncer.outer`) with the mean outer gradient."""
 
     def __init__(self, recipe: Recipe, plan: FragmentPlan, initial: dict[str, np.ndarray]) -> None:
-        self.outer = OuterNesterov(recipe.syncer.outer_lr, recipe.syncer.outer_momentum)
-        self.momentum = np.zeros(plan.size(0), dtype=np.float32)
+        self.outer = make_outer(recipe.syncer.outer, plan.size(0))
 
     def step(self, theta: np.ndarray, mean: np.ndarray) -> np.ndarray:
-        theta, self.momentum = self.outer.step(theta, mean, self.momentum)
-        return theta
+        return self.outer.step(theta, mean)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {"momentum": self.momentum}
+        return self.outer.state()
 
     def load(self, state: dict[str, np.ndarray]) -> None:
-        self.momentum = np.asarray(state["momentum"], dtype=np.float32)
+        self.outer.load(state)
 
 
 class AdamWStep:

@@ -26,7 +26,8 @@ from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.rounds import Reject, RoundBook, RoundResult
 from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
-from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
+from dlc.algo.merge import merge_deltas, merge_weights
+from dlc.algo.outer import make_outer
 from dlc.config.schema import Recipe
 from dlc.core.fragments import FragmentPlan
 
@@ -65,8 +66,7 @@ class DecoupledSyncer(GlobalFragments):
         self.clock = clock
         self.schedule = schedule if schedule is not None else Schedule.from_recipe(recipe, plan.num_fragments)
         self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
-        self.momentum = [np.zeros_like(t) for t in self.theta]
-        self.outer = OuterNesterov(cfg.outer_lr, cfg.outer_momentum)
+        self.outer = [make_outer(cfg.outer, plan.size(p)) for p in range(plan.num_fragments)]
         self.book = self._new_book([0] * plan.num_fragments)
         self.heartbeats: dict[int, float] = {}
         self.members: set[int] = set()
@@ -247,7 +247,7 @@ class DecoupledSyncer(GlobalFragments):
             result.tokens, result.steps, self.cfg.weighting, result.staleness, self.cfg.staleness_discount
         )
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
-        self.theta[p], self.momentum[p] = self.outer.step(self.theta[p], merged, self.momentum[p])
+        self.theta[p] = self.outer[p].step(self.theta[p], merged)
         pairs = tuple(zip(result.learners, result.seqs, strict=True))
         self.counters.round_closed(result.learners)
         for learner, seqs in zip(result.learners, result.merged_seqs, strict=True):
@@ -276,7 +276,7 @@ class DecoupledSyncer(GlobalFragments):
                     "fragment": p,
                     "version": result.version,
                     "theta": self.theta[p],
-                    "momentum": self.momentum[p],
+                    "outer": self.outer[p].state(),  # the outer step's own state, keys unknown here
                     "merged": pairs,
                     "history": self.book.merged_history(p),  # what later pushes of p are netted against
                     "counters": self._counters(),
@@ -340,7 +340,7 @@ class DecoupledSyncer(GlobalFragments):
         if record["version"] <= self.book.version(p):
             return False
         self.theta[p] = np.asarray(record["theta"], dtype=np.float32)
-        self.momentum[p] = np.asarray(record["momentum"], dtype=np.float32)
+        self.outer[p].load(record["outer"])
         versions = list(self.book.versions)
         versions[p] = record["version"]
         self._restore_counters(versions, record["counters"])
@@ -390,7 +390,7 @@ class DecoupledSyncer(GlobalFragments):
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tree = {
             "theta": {str(p): t for p, t in enumerate(self.theta)},
-            "momentum": {str(p): m for p, m in enumerate(self.momentum)},
+            "outer": {str(p): outer.state() for p, outer in enumerate(self.outer)},
         }
         meta = {"versions": list(self.book.versions), **self._counters(), "plan": self.plan.fingerprint()}
         return tree, meta
@@ -398,5 +398,6 @@ class DecoupledSyncer(GlobalFragments):
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:
         P = self.plan.num_fragments
         self.theta = [np.asarray(tree["theta"][str(p)], dtype=np.float32) for p in range(P)]
-        self.momentum = [np.asarray(tree["momentum"][str(p)], dtype=np.float32) for p in range(P)]
+        for p, outer in enumerate(self.outer):
+            outer.load(tree["outer"][str(p)])
         self._restore_counters(list(meta["versions"]), meta)

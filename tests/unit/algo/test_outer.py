@@ -1,125 +1,58 @@
-"""Contributor weights, mean and RDA merges, and the outer Nesterov step."""
+"""The outer steps against steps computed by hand, through state()/load() and a syncer's journal."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
 
-from dlc.algo.outer import OuterNesterov, merge_deltas, merge_weights
+from dlc.algo.merge import merge_deltas
+from dlc.algo.outer import OUTER_STEPS, DelayedNesterov, Nesterov, make_outer
+from dlc.config.outer import OUTER_KINDS, DelayedNesterovOuter, NesterovOuter
+from dlc.config.schema import Recipe
 
 
-def test_weight_modes_by_hand() -> None:
-    # Learner 0: 4 steps of 100 tokens; learner 1 (fast, small batches): 8 steps of 50.
-    tokens, steps = [400, 400], [4, 8]
-    np.testing.assert_allclose(merge_weights(tokens, steps, "uniform"), [0.5, 0.5])
-    np.testing.assert_allclose(merge_weights(tokens, steps, "tokens"), [0.5, 0.5])
-    np.testing.assert_allclose(merge_weights(tokens, steps), [0.5, 0.5])  # tokens, the default
-    # tokens^2 / steps: 400^2 / 4 = 40000 and 400^2 / 8 = 20000 -> [2/3, 1/3]: the same data, in
-    # batches twice as large, counts twice.
-    np.testing.assert_allclose(merge_weights(tokens, steps, "tokens_squared_per_step"), [2 / 3, 1 / 3])
-    # tokens: 100 and 300 of 400 -> [0.25, 0.75].
-    np.testing.assert_allclose(merge_weights([100, 300], [1, 3], "tokens"), [0.25, 0.75])
-    # A push two versions behind, discounted by 0.5 a version: 300 * 0.25 = 75 against 100 -> [4/7, 3/7].
-    np.testing.assert_allclose(merge_weights([100, 300], [1, 3], "tokens", [0, 2], 0.5), [4 / 7, 3 / 7])
-    np.testing.assert_allclose(merge_weights([100, 300], [1, 3], "tokens", [0, 2]), [0.25, 0.75])  # no discount
+def nesterov(lr: float, momentum: float, size: int = 1) -> Nesterov:
+    return Nesterov(NesterovOuter(lr=lr, momentum=momentum), size)
 
 
-def test_weight_errors() -> None:
-    with pytest.raises(ValueError, match="0 steps"):
-        merge_weights([100, 100], [4, 0])
-    with pytest.raises(ValueError, match="unknown weight mode"):
-        merge_weights([1], [1], "votes")
-    with pytest.raises(ValueError, match="token counts but"):
-        merge_weights([1, 2], [1])
-    with pytest.raises(ValueError, match="zero weight"):
-        merge_weights([0, 0], [1, 1], "tokens")
+def delayed(lr: float, momentum: float, every: int, size: int = 1) -> DelayedNesterov:
+    return DelayedNesterov(DelayedNesterovOuter(lr=lr, momentum=momentum, delay_rounds=every), size)
 
 
-def test_weighted_mean_by_hand() -> None:
-    d0 = np.array([1.0, 2.0], dtype=np.float32)
-    d1 = np.array([3.0, 6.0], dtype=np.float32)
-    # 0.25 * [1, 2] + 0.75 * [3, 6] = [0.25 + 2.25, 0.5 + 4.5] = [2.5, 5.0]
-    out = merge_deltas([d0, d1], np.array([0.25, 0.75]), "mean")
-    np.testing.assert_allclose(out, [2.5, 5.0])
-    assert out.dtype == np.float32
-    # Unnormalised weights give the same answer.
-    np.testing.assert_allclose(merge_deltas([d0, d1], np.array([1, 3]), "mean"), out)
-
-
-def test_rda_by_hand_with_an_embedding_segment() -> None:
-    segments = [("w", 0, 2), ("emb", 2, 2)]
-    d0 = np.array([3.0, 4.0, 1.0, 0.0], dtype=np.float32)
-    d1 = np.array([0.0, 10.0, 0.0, 1.0], dtype=np.float32)
-    w = np.array([0.5, 0.5])
-    out = merge_deltas([d0, d1], w, "rda", segments, mean_names={"emb"})
-    # "w": norms 5 and 10 -> radius 0.5 * 5 + 0.5 * 10 = 7.5.
-    # Units [0.6, 0.8] and [0, 1]; 0.5 * sum = [0.3, 0.9], norm sqrt(0.9) = 0.948683.
-    # Direction [0.316228, 0.948683]; merged = 7.5 * direction = [2.371708, 7.115125].
-    # (The plain mean [1.5, 7.0] has norm 7.159: shorter than 7.5.)
-    # "emb" uses the mean: [0.5, 0.5].
-    np.testing.assert_allclose(out, [2.371708, 7.115125, 0.5, 0.5], rtol=1e-6)
-    # Without the mean exemption "emb" is RDA too: radius 1, direction [1, 1] / sqrt 2.
-    out = merge_deltas([d0, d1], w, "rda", segments)
-    np.testing.assert_allclose(out[2:], [0.707107, 0.707107], rtol=1e-6)
-
-
-def test_rda_single_learner_is_identity() -> None:
-    d = np.array([1.0, -2.0, 0.5], dtype=np.float32)
-    np.testing.assert_allclose(merge_deltas([d], np.array([1.0]), "rda"), d, rtol=1e-6)
-
-
-def test_rda_zero_deltas_without_nan() -> None:
-    zero = np.zeros(2, dtype=np.float32)
-    d = np.array([3.0, 4.0], dtype=np.float32)
-    w = np.array([0.5, 0.5])
-    # Radius 0.5 * 0 + 0.5 * 5 = 2.5; only d has a direction, [0.6, 0.8]: [1.5, 2.0].
-    np.testing.assert_allclose(merge_deltas([zero, d], w, "rda"), [1.5, 2.0])
-    np.testing.assert_array_equal(merge_deltas([zero, zero], w, "rda"), [0.0, 0.0])
-    # Opposite directions cancel: no move.
-    opposite = [np.array([1.0, 0.0]), np.array([-1.0, 0.0])]
-    np.testing.assert_array_equal(merge_deltas(opposite, w, "rda"), [0.0, 0.0])
-
-
-def test_merge_errors() -> None:
-    d = np.ones(4, dtype=np.float32)
-    with pytest.raises(ValueError, match="unknown merge method"):
-        merge_deltas([d], np.array([1.0]), "median")
-    with pytest.raises(ValueError, match="weights"):
-        merge_deltas([d, d], np.array([1.0]), "mean")
-    with pytest.raises(ValueError, match="differ in length"):
-        merge_deltas([d, np.ones(3)], np.array([1.0, 1.0]), "mean")
-    with pytest.raises(ValueError, match="cover"):
-        merge_deltas([d], np.array([1.0]), "rda", [("a", 0, 3)])
+def test_every_kind_the_recipe_names_has_an_outer_step() -> None:
+    assert tuple(OUTER_STEPS) == OUTER_KINDS
 
 
 def test_nesterov_by_hand() -> None:
-    opt = OuterNesterov(lr=0.5, momentum=0.9)
+    opt = nesterov(lr=0.5, momentum=0.9)
     theta = np.array([1.0], dtype=np.float32)
     # Step 1, g = 0.2: buf = 0.9 * 0 + 0.2 = 0.2; theta = 1 - 0.5 * (0.2 + 0.9 * 0.2)
     # = 1 - 0.5 * 0.38 = 0.81.
-    theta, buf = opt.step(theta, np.array([0.2], dtype=np.float32))
-    np.testing.assert_allclose([theta[0], buf[0]], [0.81, 0.2], rtol=1e-6)
+    theta = opt.step(theta, np.array([0.2], dtype=np.float32))
+    np.testing.assert_allclose([theta[0], opt.state()["momentum"][0]], [0.81, 0.2], rtol=1e-6)
     # Step 2, g = 0.1: buf = 0.9 * 0.2 + 0.1 = 0.28; theta = 0.81 - 0.5 * (0.1 + 0.252)
     # = 0.81 - 0.176 = 0.634.
-    theta, buf = opt.step(theta, np.array([0.1], dtype=np.float32), buf)
-    np.testing.assert_allclose([theta[0], buf[0]], [0.634, 0.28], rtol=1e-6)
+    theta = opt.step(theta, np.array([0.1], dtype=np.float32))
+    np.testing.assert_allclose([theta[0], opt.state()["momentum"][0]], [0.634, 0.28], rtol=1e-6)
 
 
 def test_nesterov_matches_reference() -> None:
     rng = np.random.default_rng(0)
     lr, mu = 0.7, 0.9
-    opt = OuterNesterov(lr, mu)
+    opt = nesterov(lr, mu, size=16)
     theta = rng.normal(size=16).astype(np.float32)
-    ref_theta, ref_buf, buf = theta.astype(np.float64), np.zeros(16), None
+    ref_theta, ref_buf = theta.astype(np.float64), np.zeros(16)
     for _ in range(5):
         g = rng.normal(size=16).astype(np.float32)
         before = theta.copy()
-        theta, buf = opt.step(theta, g, buf)
+        theta = opt.step(theta, g)
         ref_buf = mu * ref_buf + g  # torch.optim.SGD(nesterov=True), two lines
         ref_theta = ref_theta - lr * (g + mu * ref_buf)
         assert not np.shares_memory(theta, before)
     np.testing.assert_allclose(theta, ref_theta, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(buf, ref_buf, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(opt.state()["momentum"], ref_buf, rtol=1e-5, atol=1e-5)
 
 
 def test_lr_one_without_momentum_lands_on_the_mean_learner() -> None:
@@ -128,14 +61,58 @@ def test_lr_one_without_momentum_lands_on_the_mean_learner() -> None:
     anchor = np.array([1.0, 1.0], dtype=np.float32)
     learners = [np.array([0.0, 2.0], dtype=np.float32), np.array([2.0, 4.0], dtype=np.float32)]
     merged = merge_deltas([anchor - t for t in learners], np.array([0.5, 0.5]))
-    theta, _ = OuterNesterov(lr=1.0, momentum=0.0).step(anchor, merged)
+    theta = nesterov(lr=1.0, momentum=0.0, size=2).step(anchor, merged)
     np.testing.assert_allclose(theta, [1.0, 3.0])
 
 
-def test_nesterov_validation() -> None:
-    with pytest.raises(ValueError, match="lr"):
-        OuterNesterov(lr=0.0)
-    with pytest.raises(ValueError, match="momentum"):
-        OuterNesterov(momentum=1.0)
+def test_delayed_nesterov_by_hand() -> None:
+    opt = delayed(lr=0.5, momentum=0.9, every=2)
+    theta = np.array([1.0], dtype=np.float32)
+    # Round 1, g = 0.2: no momentum update yet, plain SGD: theta = 1 - 0.5 * 0.2 = 0.9.
+    theta = opt.step(theta, np.array([0.2], dtype=np.float32))
+    np.testing.assert_allclose(theta, [0.9], rtol=1e-6)
+    assert opt.state()["momentum"][0] == 0.0 and opt.state()["rounds"][0] == 1
+    # Round 2, g = 0.4: buf = 0.9 * 0 + (0.2 + 0.4) / 2 = 0.3;
+    # theta = 0.9 - 0.5 * (0.4 + 0.9 * 0.3) = 0.9 - 0.5 * 0.67 = 0.565.
+    theta = opt.step(theta, np.array([0.4], dtype=np.float32))
+    np.testing.assert_allclose([theta[0], opt.state()["momentum"][0]], [0.565, 0.3], rtol=1e-6)
+    # Round 3, g = 0.1: plain again, the momentum waits: theta = 0.565 - 0.05 = 0.515.
+    theta = opt.step(theta, np.array([0.1], dtype=np.float32))
+    np.testing.assert_allclose(theta, [0.515], rtol=1e-6)
+    # Round 4, g = 0.3: buf = 0.9 * 0.3 + (0.1 + 0.3) / 2 = 0.47;
+    # theta = 0.515 - 0.5 * (0.3 + 0.9 * 0.47) = 0.515 - 0.5 * 0.723 = 0.1535.
+    theta = opt.step(theta, np.array([0.3], dtype=np.float32))
+    np.testing.assert_allclose([theta[0], opt.state()["momentum"][0]], [0.1535, 0.47], rtol=1e-6)
+
+
+def test_delayed_nesterov_every_round_is_nesterov() -> None:
+    rng = np.random.default_rng(1)
+    a, b = nesterov(0.7, 0.9, size=8), delayed(0.7, 0.9, every=1, size=8)
+    ta = tb = rng.normal(size=8).astype(np.float32)
+    for _ in range(6):
+        g = rng.normal(size=8).astype(np.float32)
+        ta, tb = a.step(ta, g), b.step(tb, g)
+    np.testing.assert_allclose(ta, tb, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", OUTER_KINDS)
+def test_state_round_trips_through_a_pickle_and_continues_the_same(kind: str) -> None:
+    # A journal pickles state(); a restarted syncer load()s it into a fresh step and goes on.
+    cfg = Recipe.model_validate({"syncer": {"outer": {"kind": kind, "lr": 0.6, "momentum": 0.8}}}).syncer.outer
+    rng = np.random.default_rng(2)
+    first, theta = make_outer(cfg, 5), rng.normal(size=5).astype(np.float32)
+    for _ in range(3):
+        theta = first.step(theta, rng.normal(size=5).astype(np.float32))
+    second = make_outer(cfg, 5)
+    second.load(pickle.loads(pickle.dumps(first.state())))
+    g = rng.normal(size=5).astype(np.float32)
+    np.testing.assert_array_equal(second.step(theta, g), first.step(theta, g))
+
+
+def test_errors_name_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="shape"):
-        OuterNesterov().step(np.zeros(2), np.zeros(3))
+        nesterov(1.0, 0.0, size=2).step(np.zeros(2), np.zeros(3))
+    with pytest.raises(ValueError, match="holds 2 values"):
+        nesterov(1.0, 0.0, size=2).step(np.zeros(3), np.zeros(3))
+    with pytest.raises(ValueError, match="'momentum' holds 3 values"):
+        nesterov(1.0, 0.0, size=2).load({"momentum": np.zeros(3)})

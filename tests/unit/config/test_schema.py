@@ -127,3 +127,21 @@ def test_one_vocabulary_of_algorithms():
         ("decoupled", "decoupled"),
     ]
     assert {v.algorithm for v in BANDWIDTH_APPROACHES} == {"dp", "diloco", "decoupled"}
+
+
+def test_the_outer_step_is_chosen_by_kind_and_old_recipes_still_read():
+    from dlc.config.load import load_recipe
+    from dlc.errors import UserError
+
+    outer = load_recipe("recipes/tiny.yaml", ["syncer.outer.kind=delayed_nesterov", "syncer.outer.lr=0.7"]).syncer.outer
+    assert (outer.kind, outer.lr, outer.momentum, outer.delay_rounds) == ("delayed_nesterov", 0.7, 0.0, 4)
+    # The kind changes, the fields the recipe gave stay (tiny.yaml: momentum 0); no kind is Nesterov.
+    assert Recipe.model_validate({"syncer": {"outer": {"lr": 0.5}}}).syncer.outer.kind == "nesterov"
+    legacy = Recipe.model_validate({"syncer": {"outer_lr": 0.7, "outer_momentum": 0.9}}).syncer.outer
+    assert (legacy.kind, legacy.lr, legacy.momentum) == ("nesterov", 0.7, 0.9)
+    with pytest.raises(UserError, match="syncer.outer_lr and syncer.outer both set"):
+        load_recipe("recipes/tiny.yaml", ["syncer.outer_lr=0.5"])
+    with pytest.raises(UserError, match="unknown key syncer.outer.delay_rounds: valid keys here: kind, lr, momentum"):
+        load_recipe("recipes/tiny.yaml", ["syncer.outer.delay_rounds=2"])
+    with pytest.raises(UserError, match="unknown outer step: choose kind from nesterov, delayed_nesterov"):
+        load_recipe("recipes/tiny.yaml", ["syncer.outer.kind=adam"])

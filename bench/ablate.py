@@ -5,7 +5,8 @@
     python bench/ablate.py --batches 64,16,16,16 default weighting=tokens_squared_per_step
 
 Each positional argument is one setting, `LABEL:KEY=VALUE,...` or just `KEY=VALUE,...` (the label is
-then the overrides); a key without a dot is a `syncer.` key; `default` runs the recipe as it is.
+then the overrides); a key that does not start with a recipe section is a `syncer.` key
+(`outer.lr=0.7` is `syncer.outer.lr=0.7`); `default` runs the recipe as it is.
 Every setting x seed trains M learners of the twin (`dlc.engine.local.InProcessRun`: one process, no
 Ray, deterministic) to the same token budget, the learners each at its own pace (`--paces`, step
 times relative to each other: unequal paces make pushes stale), and reports the global model's eval
@@ -17,11 +18,9 @@ steps that adoptions discarded. `--jobs` runs that many trainings at once, one X
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
@@ -29,8 +28,10 @@ from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 DP = "data-parallel"
+SECTIONS = ("run", "model", "data", "learners", "inner", "syncer", "blocking", "eval", "checkpoint", "algorithm")
 
 
 def parse_setting(text: str) -> tuple[str, list[str]]:
@@ -44,64 +45,15 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
         key, eq, value = kv.partition("=")
         if not eq:
             raise SystemExit(f"setting {text!r}: {kv!r} is not KEY=VALUE")
-        overrides.append(f"{key if '.' in key else 'syncer.' + key}={value}")
+        overrides.append(f"{key if key.split('.')[0] in SECTIONS else 'syncer.' + key}={value}")
     return label, overrides
 
 
 def train_one(recipe_path: str, overrides: list[str], paces: list[float], tokens: int, dp: bool) -> dict[str, Any]:
-    """One training of the twin (or, with `dp`, of one learner with the summed batch); its results."""
-    from dlc.config.load import load_recipe
-    from dlc.core.evaluate import Evaluator
-    from dlc.core.learner import Learner
-    from dlc.data.corpus import load_corpus, split_corpus
-    from dlc.data.plan import DataPlan
-    from dlc.engine.local import InProcessRun
+    """One training of the twin (or, with `dp`, of data-parallel with the summed batch); its results."""
+    from twin import train_dp, train_twin
 
-    t0 = time.monotonic()
-    recipe = load_recipe(recipe_path, overrides)
-    learners = recipe.learners
-    per_step = [learners.resolved(i).batch_size * learners.seq_len for i in range(learners.count)]
-    rates = [t / p for t, p in zip(per_step, paces, strict=True)]  # tokens per unit of the twin's clock
-    until = tokens / sum(rates)
-    steps = math.ceil(until / min(paces))  # the fastest learner's steps: the schedule's length
-    if dp:
-        batch = sum(learners.resolved(i).batch_size for i in range(learners.count))
-        dp_steps = math.ceil(tokens / (batch * learners.seq_len))
-        recipe = load_recipe(
-            recipe_path, [*overrides, "learners.count=1", "learners.overrides=[]", f"learners.batch_size={batch}"]
-        )
-        recipe = recipe.model_copy(update={"run": recipe.run.model_copy(update={"max_steps": dp_steps})})
-        data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096))
-        learner = Learner(recipe, 0, data.streams[0])
-        for _ in range(dp_steps):
-            learner.train_step()
-        learner.flush()
-        loss = Evaluator(recipe, learner.graphdef, data.eval)(learner.params)[0]
-        return {"loss": float(loss), "wall_s": time.monotonic() - t0}
-    recipe = recipe.model_copy(update={"run": recipe.run.model_copy(update={"max_steps": steps})})
-    data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, learners.count, recipe.run.seed, 4096))
-    run = InProcessRun(recipe, data, paces_s=paces)
-    run.run_until(until)
-    run.finish()
-    weights = [[] for _ in range(learners.count)]  # every round's weight of each learner, 0 when it sent nothing
-    staleness = []
-    for event in run.syncer.events:
-        if event["kind"] == "round_closed":
-            staleness += event["staleness"]
-            given = dict(zip(event["contributors"], event["weights"], strict=True))
-            for learner in range(learners.count):
-                weights[learner].append(given.get(learner, 0.0))
-    trained = [learner.step * t for learner, t in zip(run.learners, per_step, strict=True)]
-    discarded = sum(sync.discarded_steps for sync in run.syncs)
-    return {
-        "loss": float(run.global_eval()),
-        "mean_weight": [statistics.fmean(w) if w else 0.0 for w in weights],
-        "token_share": [t / sum(trained) for t in trained],
-        "discarded": discarded / sum(learner.step for learner in run.learners),
-        "rounds": run.syncer.status()["rounds_closed"],
-        "stale": sum(v > 0 for v in staleness) / max(len(staleness), 1),  # merged pushes behind the version
-        "wall_s": time.monotonic() - t0,
-    }
+    return train_dp(recipe_path, overrides, tokens) if dp else train_twin(recipe_path, overrides, tokens, paces)
 
 
 def main() -> None:

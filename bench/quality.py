@@ -1,0 +1,339 @@
+"""Quality against data-parallel the way the DiLoCo papers measure it, on the in-process twin.
+
+    python bench/quality.py sizes  [--sizes w32:model.width=32,w64:model.width=64] [--c 10] [--seeds 0,1,2]
+    python bench/quality.py ladder [--sizes w32:model.width=32] ...
+    python bench/quality.py learners [--counts 1,2,4,8] ...
+    python bench/quality.py --from-json DIR/quality.json
+
+The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
+- every size trains c tokens per parameter (`--c`, the same c at every size);
+- the global batch is fixed (`--global-batch` sequences, split evenly over the M learners) and H is
+  the largest that gives every fragment at least `--rounds` outer rounds (P = H: one fragment
+  leaves every step; the run's steps are a multiple of H);
+- data-parallel trains the same global batch for the same number of steps;
+- the inner learning rate is warm-up then cosine, swept per arm and per size over `--lr-points`
+  points of a sqrt(2) grid around the recipe's, and the best mean over the seeds is kept;
+- every seed is paired: the same initialisation and data order for every arm; the table gives the
+  mean of the paired differences to data-parallel and their range;
+- the loss is the syncer's global model after the final flush.
+
+`sizes` runs data-parallel, decoupled M=4 (the recipe's defaults) and M=1 with the default and
+with a Nesterov momentum of 0.9; `ladder` takes the gap apart from data-parallel to today's
+decoupled rung by rung (each rung adds one thing to the one before); `learners` runs M in
+`--counts`; `--arm` adds candidates on top of the mode's last arm. Each mode records its table in
+bench/RESULTS.md; `--cli` also trains the last arm's best setting through the real `dlc train` for
+seed 0 and reports how far the twin and the CLI agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import runner  # noqa: E402
+from runner import say  # noqa: E402
+
+RECIPE = "recipes/tiny.yaml"
+FP32 = ("syncer.codec=none", "syncer.down_codec=none")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way of training: data-parallel, or the twin with these overrides and learners out of phase."""
+
+    label: str
+    overrides: tuple[str, ...] = ()
+    count: int = 4
+    dp: bool = False
+    out_of_phase: bool = False  # learners start a fraction of a step apart: pushes arrive at different times
+    note: str = ""
+
+
+DP = Arm("data-parallel", dp=True, note="one model, the global batch every step")
+
+SIZES_ARMS = (
+    DP,
+    Arm("decoupled M=4", note="the recipe's defaults, learners out of phase", out_of_phase=True),
+    Arm("decoupled M=1", count=1, note="the default outer step"),
+    Arm(
+        "M=1, Nesterov 0.9",
+        ("syncer.outer.kind=nesterov", "syncer.outer.momentum=0.9", "syncer.outer.lr=0.4"),
+        count=1,
+        note="DiLoCo's outer step, lr 0.4",
+    ),
+)
+
+# Each rung adds one thing to the rung before it.
+_WHOLE = ("syncer.fragments=1", "syncer.overlap_steps=0", "syncer.quorum=4", "syncer.adopt=replace", *FP32)
+LADDER_ARMS = (
+    DP,
+    Arm("M=1, fp32", (*FP32,), count=1, note="one learner, the default outer step, no compression"),
+    Arm("synchronous DiLoCo M=4", _WHOLE, note="whole model every H steps, every learner in every round"),
+    Arm("+ fragments", _WHOLE[1:], note="P = H: one fragment leaves every step"),
+    Arm("+ overlap", _WHOLE[2:], note="tau = 2: adopt two steps after sending"),
+    Arm(
+        "+ asynchrony",
+        ("syncer.adopt=replace", *FP32),
+        out_of_phase=True,
+        note="K = 1 and the grace window, learners out of phase",
+    ),
+    Arm("+ int4 up and down", ("syncer.adopt=replace",), out_of_phase=True),
+    Arm("+ rebase adoption", (), out_of_phase=True, note="today's decoupled defaults"),
+)
+
+
+def learner_arms(counts: list[int]) -> tuple[Arm, ...]:
+    return (DP, *(Arm(f"M={m}", count=m, out_of_phase=m > 1) for m in counts))
+
+
+@dataclass
+class Size:
+    name: str
+    overrides: list[str]
+    params: int = 0
+    tokens: int = 0
+    steps: int = 0
+    H: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_sizes(text: str) -> list[Size]:
+    sizes = []
+    for item in text.split(","):
+        name, sep, body = item.partition(":")
+        if not sep:
+            raise SystemExit(f"--sizes: {item!r} is not NAME:OVERRIDE[;OVERRIDE...]")
+        sizes.append(Size(name, [o for o in body.split(";") if o]))
+    return sizes
+
+
+def plan_size(size: Size, c: float, global_batch: int, min_rounds: int, seq_len: int) -> None:
+    """Tokens, steps and H of a size under the protocol."""
+    from dlc.config.load import load_recipe
+    from dlc.core.abstract import param_count
+
+    size.params = param_count(load_recipe(runner.REPO / RECIPE, size.overrides).model)
+    per_step = global_batch * seq_len
+    steps = math.ceil(c * size.params / per_step)
+    size.H = max(1, min(24, steps // min_rounds))
+    size.steps = math.ceil(steps / size.H) * size.H  # a whole number of rounds
+    size.tokens = size.steps * per_step
+
+
+def arm_overrides(arm: Arm, size: Size, global_batch: int, lr: float, seed: int) -> list[str]:
+    overrides = [
+        *size.overrides,
+        f"learners.count={arm.count}",
+        f"learners.batch_size={global_batch // arm.count}",
+        f"syncer.sync_interval_steps={size.H}",
+        f"syncer.fragments={size.H}",
+        f"inner.lr={lr}",
+        f"inner.warmup_steps={max(1, size.steps // 12)}",
+        f"run.seed={seed}",
+    ]
+    return overrides + list(arm.overrides)
+
+
+def train_arm(arm: Arm, overrides: list[str], tokens: int) -> dict[str, Any]:
+    from twin import train_dp, train_twin
+
+    recipe = str(runner.REPO / RECIPE)
+    if arm.dp:
+        return train_dp(recipe, overrides, tokens)
+    starts = [i / arm.count for i in range(arm.count)] if arm.out_of_phase else None
+    return train_twin(recipe, overrides, tokens, starts=starts)
+
+
+def lr_grid(base: float, points: int) -> list[float]:
+    offsets = range(-(points // 2), points - points // 2)
+    return [round(base * math.sqrt(2) ** k, 8) for k in offsets]
+
+
+def paired(values: list[float], reference: list[float]) -> str:
+    diffs = [v / r - 1 for v, r in zip(values, reference, strict=True)]
+    if not diffs:
+        return "-"
+    spread = f" ({min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f})" if len(diffs) > 1 else ""
+    return f"{statistics.fmean(diffs) * 100:+.2f}%{spread}"
+
+
+def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, list[float]]:
+    """The lr with the lowest mean loss over the seeds, and its losses in seed order."""
+    by_lr: dict[float, list[tuple[int, float]]] = {}
+    for r in runs:
+        if r["size"] == size and r["arm"] == arm:
+            by_lr.setdefault(r["lr"], []).append((r["seed"], r["loss"]))
+    lr = min(by_lr, key=lambda k: statistics.fmean(loss for _, loss in by_lr[k]))
+    return lr, [loss for _, loss in sorted(by_lr[lr])]
+
+
+def table(data: dict[str, Any]) -> str:
+    meta, runs = data["meta"], data["runs"]
+    ladder = meta["mode"] == "ladder"
+    head = ["size", "arm", "best inner lr", "eval loss (mean of seeds)", "vs data-parallel, paired"]
+    head += ["vs the rung before, paired"] if ladder else []
+    head += ["contributors per round", "rounds per fragment", "MiB up", "consecutive outer gradients, cosine"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in meta["sizes"]:
+        _, dp = best(runs, size["name"], DP.label)
+        before = None
+        for arm in meta["arms"]:
+            lr, losses = best(runs, size["name"], arm["label"])
+            one = [r for r in runs if r["size"] == size["name"] and r["arm"] == arm["label"] and r["lr"] == lr]
+            cells = [size["name"], arm["label"], f"{lr:g}", f"{statistics.fmean(losses):.4f}"]
+            cells.append("" if arm["dp"] else paired(losses, dp))
+            if ladder:
+                cells.append(paired(losses, before) if before is not None else "")
+            if arm["dp"]:
+                cells += ["", "", "", ""]
+            else:
+                rounds = statistics.fmean(r["rounds"] / r["fragments"] for r in one)
+                mib = statistics.fmean(r["bytes_up"] for r in one) / 2**20
+                cosine = statistics.fmean(r["delta_cosine"] for r in one if r["delta_cosine"] is not None)
+                cells += [f"{statistics.fmean(r['contributors'] for r in one):.2f}", f"{rounds:.0f}", f"{mib:.1f}"]
+                cells.append(f"{cosine:+.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+            before = losses
+    sizes = "; ".join(
+        f"{s['name']}: {s['params']:,} parameters, {s['tokens']:,} tokens, {s['steps']} steps, H = P = {s['H']}"
+        for s in meta["sizes"]
+    )
+    notes = "; ".join(f"{a['label']}: {a['note']}" for a in meta["arms"] if a["note"])
+    cli = "".join(
+        f"\nThrough `dlc train` ({row['arm']}, {row['size']}, seed 0): {row['cli']} against the twin's "
+        f"{row['twin']:.4f}.\n"
+        for row in data.get("cli", [])
+    )
+    return (
+        f"{meta['c']} tokens per parameter, global batch {meta['global_batch']} x {meta['seq_len']} tokens, "
+        f"seeds {', '.join(map(str, meta['seeds']))} (paired: the same initialisation and data order in every arm), "
+        f"inner lr swept over {meta['lr_points']} points of a sqrt(2) grid around {meta['base_lr']:g}, best mean kept. "
+        f"{sizes}. Losses are nats per byte of the global model after the final flush; a paired difference is the "
+        f"mean over the seeds of each seed's loss against the reference's of the same seed, with its range; the "
+        f"cosine is between one round's merged outer gradient of a fragment and its round before, averaged.\n\n"
+        + "\n".join(lines)
+        + f"\n\nArms: {notes}.\n"
+        + cli
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", nargs="?", choices=["sizes", "ladder", "learners"], default="sizes")
+    ap.add_argument("--sizes", default="w32:model.width=32,w64:model.width=64")
+    ap.add_argument("--c", type=float, default=10.0, help="tokens per parameter at every size")
+    ap.add_argument("--rounds", type=int, default=50, help="outer rounds per fragment, at least")
+    ap.add_argument("--global-batch", type=int, default=32, help="sequences per step, all learners together")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--lr-points", type=int, default=3)
+    ap.add_argument("--counts", default="1,2,4,8", help="learners mode: the M to run")
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="one more arm after the mode's, LABEL:KEY=VALUE[;KEY=VALUE...] on the mode's last arm (repeatable)",
+    )
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--keep", help="directory for quality.json (default: a new temp dir)")
+    ap.add_argument("--from-json", help="render the table from a quality.json instead of training")
+    ap.add_argument("--cli", action="store_true", help="also train the last arm's best setting with `dlc train`")
+    ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
+    args = ap.parse_args()
+    data = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args)
+    title = {"sizes": "by model size", "ladder": "the ladder", "learners": "by number of learners"}
+    text = table(data)
+    print(text)
+    meta = data["meta"]
+    provenance = runner.Provenance(meta["command"], meta["commit"], meta["machine"], meta["date"])
+    heading = f"Quality under the field's protocol: {title[meta['mode']]}"
+    runner.record(heading, provenance, text, args.out or runner.RESULTS)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from dlc.config.load import load_recipe
+
+    base = load_recipe(runner.REPO / RECIPE)
+    arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS}.get(args.mode) or learner_arms(
+        [int(m) for m in args.counts.split(",")]
+    )
+    for text in args.arm:  # on top of the mode's last arm: a candidate beside today's defaults
+        label, _, body = text.partition(":")
+        last = arms[-1]
+        extra = tuple(o for o in body.split(";") if o)
+        arms = (*arms, Arm(label, (*last.overrides, *extra), last.count, last.dp, last.out_of_phase, body))
+    sizes = parse_sizes(args.sizes)
+    for size in sizes:
+        plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    root = Path(args.keep or tempfile.mkdtemp(prefix="dlc-quality-")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "command": "python bench/quality.py " + shlex.join(sys.argv[1:]),
+        "commit": runner.checkout_commit(),
+        "machine": runner.this_machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "mode": args.mode,
+        "c": args.c,
+        "global_batch": args.global_batch,
+        "seq_len": base.learners.seq_len,
+        "seeds": seeds,
+        "lr_points": args.lr_points,
+        "base_lr": base.inner.lr,
+        "sizes": [vars(s) for s in sizes],
+        "arms": [vars(a) for a in arms],
+    }
+    data: dict[str, Any] = {"meta": meta, "runs": []}
+    jobs = {}
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        for size in sizes:
+            for arm in arms:
+                for lr in lr_grid(base.inner.lr, args.lr_points):
+                    for seed in seeds:
+                        overrides = arm_overrides(arm, size, args.global_batch, lr, seed)
+                        key = (size.name, arm.label, lr, seed)
+                        jobs[pool.submit(train_arm, arm, overrides, size.tokens)] = key
+        say(f"{len(jobs)} trainings in {root}")
+        for future in as_completed(jobs):
+            size_name, label, lr, seed = jobs[future]
+            result = future.result()
+            data["runs"].append({"size": size_name, "arm": label, "lr": lr, "seed": seed, **result})
+            say(f"{size_name} {label} lr {lr:g} seed {seed}: {result['loss']:.4f} in {result['wall_s']:.0f} s")
+            tmp = root / ".quality.json.tmp"
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, root / "quality.json")
+    if args.cli:
+        data["cli"] = [cli_row(size, arms[-1], data, args.global_batch, root) for size in sizes]
+    return data
+
+
+def cli_row(size: Size, arm: Arm, data: dict[str, Any], global_batch: int, root: Path) -> dict[str, Any]:
+    """The arm's best setting, seed 0, through the real `dlc train`: its loss beside the twin's."""
+    from compare_tables import read_run
+
+    lr, losses = best(data["runs"], size.name, arm.label)
+    overrides = arm_overrides(arm, size, global_batch, lr, 0)
+    run_dir = root / f"cli-{size.name}"
+    cmd = runner.train_command(RECIPE, run_dir, *overrides, f"run.max_steps={size.steps}", "track=[]", fresh=True)
+    done = runner.run(cmd, runner.log_beside(run_dir), timeout_s=3600)
+    loss = ((read_run(run_dir).get("summary") or {}).get("eval_loss_final")) if not done.error() else None
+    say(f"{size.name} {arm.label} through dlc train: {loss} (twin: {losses[0]:.4f})")
+    return {"size": size.name, "arm": arm.label, "cli": loss, "twin": losses[0], "command": shlex.join(cmd)}
+
+
+if __name__ == "__main__":
+    main()

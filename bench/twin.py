@@ -1,0 +1,133 @@
+"""Training to a token budget on the in-process twin, and data-parallel's reference, for quality benches.
+
+`train_twin` plays M learners and the syncer of `dlc.engine.local.InProcessRun` (one process, no
+Ray, deterministic) until the learners together have trained the budget, flushes every learner's
+last progress into the syncer, and evaluates the global model. `train_dp` is data-parallel with the
+same global batch and as many steps: one learner stepping the M learners' summed batch (the mean
+gradient of the concatenated batches, which is what `algorithm=dp` computes). Both take the recipe
+after overrides, so the model's initialisation and the data's order follow `run.seed` the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+
+def _with_steps(recipe: Any, steps: int) -> Any:
+    return recipe.model_copy(update={"run": recipe.run.model_copy(update={"max_steps": steps})})
+
+
+def global_batch(recipe: Any) -> int:
+    learners = recipe.learners
+    return sum(learners.resolved(i).batch_size for i in range(learners.count))
+
+
+def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[str, Any]:
+    """Data-parallel: one learner with the summed batch, for ceil(tokens / global batch tokens) steps."""
+    from dlc.config.load import load_recipe
+    from dlc.core.evaluate import Evaluator
+    from dlc.core.learner import Learner
+    from dlc.data.corpus import load_corpus, split_corpus
+    from dlc.data.plan import DataPlan
+
+    t0 = time.monotonic()
+    recipe = load_recipe(recipe_path, list(overrides))
+    batch = global_batch(recipe)
+    steps = math.ceil(tokens / (batch * recipe.learners.seq_len))
+    one = [*overrides, "learners.count=1", "learners.overrides=[]", f"learners.batch_size={batch}"]
+    recipe = _with_steps(load_recipe(recipe_path, one), steps)
+    data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096))
+    learner = Learner(recipe, 0, data.streams[0])
+    for _ in range(steps):
+        learner.train_step()
+    learner.flush()
+    loss = Evaluator(recipe, learner.graphdef, data.eval)(learner.params)[0]
+    return {"loss": float(loss), "steps": steps, "wall_s": time.monotonic() - t0}
+
+
+def train_twin(
+    recipe_path: str,
+    overrides: Sequence[str],
+    tokens: int,
+    paces: Sequence[float] | None = None,
+    starts: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """The recipe's algorithm on the twin, each learner at its pace (step times relative to each other,
+    default all 1) from its start (in the same unit, default 0), until the budget is trained."""
+    from dlc.config.load import load_recipe
+    from dlc.data.corpus import load_corpus, split_corpus
+    from dlc.data.plan import DataPlan
+    from dlc.engine.local import InProcessRun
+
+    t0 = time.monotonic()
+    recipe = load_recipe(recipe_path, list(overrides))
+    learners = recipe.learners
+    count = learners.count
+    paces = list(paces) if paces is not None else [1.0] * count
+    starts = list(starts) if starts is not None else [0.0] * count
+    per_step = [learners.resolved(i).batch_size * learners.seq_len for i in range(count)]
+    rates = [t / p for t, p in zip(per_step, paces, strict=True)]  # tokens per unit of the twin's clock
+    until = tokens / sum(rates) + max(starts)
+    steps = math.ceil(until / min(paces))  # the fastest learner's steps: the schedule's length
+    recipe = _with_steps(recipe, steps)
+    data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, count, recipe.run.seed, 4096))
+    run = InProcessRun(recipe, data, paces_s=paces, starts_s=starts)
+    cosines = _watch_outer_gradients(run.syncer)
+    run.run_until(until)
+    run.finish()
+    weights: list[list[float]] = [[] for _ in range(count)]  # every round's weight of each learner
+    contributors, staleness = [], []
+    for event in run.syncer.events:
+        if event["kind"] == "round_closed":
+            staleness += event["staleness"]
+            contributors.append(len(event["contributors"]))
+            given = dict(zip(event["contributors"], event["weights"], strict=True))
+            for learner in range(count):
+                weights[learner].append(given.get(learner, 0.0))
+    trained = [learner.step * t for learner, t in zip(run.learners, per_step, strict=True)]
+    status = run.syncer.status()
+    return {
+        "loss": float(run.global_eval()),
+        "steps": max(learner.step for learner in run.learners),
+        "rounds": status["rounds_closed"],
+        "fragments": run.syncer.plan.num_fragments if hasattr(run.syncer, "plan") else 1,
+        "contributors": statistics.fmean(contributors) if contributors else 0.0,
+        "mean_weight": [statistics.fmean(w) if w else 0.0 for w in weights],
+        "token_share": [t / sum(trained) for t in trained],
+        "discarded": sum(sync.discarded_steps for sync in run.syncs) / sum(lr.step for lr in run.learners),
+        "stale": sum(v > 0 for v in staleness) / max(len(staleness), 1),  # merged pushes behind the version
+        "bytes_up": status.get("bytes_up", 0),
+        # How much one round's merged outer gradient of a fragment points the way of the one before:
+        # what an outer momentum adds up (near 0, it mostly extrapolates noise).
+        "delta_cosine": statistics.fmean(cosines) if cosines else None,
+        "wall_s": time.monotonic() - t0,
+    }
+
+
+def _watch_outer_gradients(syncer: Any) -> list[float]:
+    """Record the cosine between consecutive merged outer gradients of each fragment, as the syncer's
+    outer steps see them; the list fills as the run goes."""
+    import numpy as np
+
+    cosines: list[float] = []
+    last: dict[int, Any] = {}
+    for p, outer in enumerate(getattr(syncer, "outer", [])):
+
+        def step(theta: Any, grad: Any, p: int = p, inner: Any = outer.step) -> Any:
+            g = np.asarray(grad, dtype=np.float64)
+            if p in last:
+                norms = float(np.linalg.norm(g) * np.linalg.norm(last[p]))
+                if norms > 0:
+                    cosines.append(float(g @ last[p]) / norms)
+            last[p] = g
+            return inner(theta, grad)
+
+        outer.step = step
+    return cosines

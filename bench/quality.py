@@ -193,6 +193,8 @@ def table(data: dict[str, Any]) -> str:
         _, dp = best(runs, size["name"], DP.label)
         before = None
         for arm in meta["arms"]:
+            if not any(r["size"] == size["name"] and r["arm"] == arm["label"] for r in runs):
+                continue  # not trained (yet): a partial quality.json renders what it holds
             lr, losses = best(runs, size["name"], arm["label"])
             one = [r for r in runs if r["size"] == size["name"] and r["arm"] == arm["label"] and r["lr"] == lr]
             cells = [size["name"], arm["label"], f"{lr:g}", f"{statistics.fmean(losses):.4f}"]

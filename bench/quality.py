@@ -35,9 +35,8 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -109,7 +108,6 @@ class Size:
     tokens: int = 0
     steps: int = 0
     H: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_sizes(text: str) -> list[Size]:
@@ -164,22 +162,23 @@ def lr_grid(base: float, points: int) -> list[float]:
     return [round(base * math.sqrt(2) ** k, 8) for k in offsets]
 
 
-def paired(values: list[float], reference: list[float]) -> str:
-    diffs = [v / r - 1 for v, r in zip(values, reference, strict=True)]
+def paired(values: dict[int, float], reference: dict[int, float]) -> str:
+    """Mean and range of each seed's loss against the reference's of the same seed."""
+    diffs = [values[seed] / reference[seed] - 1 for seed in sorted(values.keys() & reference.keys())]
     if not diffs:
         return "-"
     spread = f" ({min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f})" if len(diffs) > 1 else ""
     return f"{statistics.fmean(diffs) * 100:+.2f}%{spread}"
 
 
-def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, list[float]]:
-    """The lr with the lowest mean loss over the seeds, and its losses in seed order."""
-    by_lr: dict[float, list[tuple[int, float]]] = {}
+def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, dict[int, float]]:
+    """The lr with the lowest mean loss over the seeds, and its loss by seed."""
+    by_lr: dict[float, dict[int, float]] = {}
     for r in runs:
         if r["size"] == size and r["arm"] == arm:
-            by_lr.setdefault(r["lr"], []).append((r["seed"], r["loss"]))
-    lr = min(by_lr, key=lambda k: statistics.fmean(loss for _, loss in by_lr[k]))
-    return lr, [loss for _, loss in sorted(by_lr[lr])]
+            by_lr.setdefault(r["lr"], {})[r["seed"]] = r["loss"]
+    lr = min(by_lr, key=lambda k: statistics.fmean(by_lr[k].values()))
+    return lr, by_lr[lr]
 
 
 def table(data: dict[str, Any]) -> str:
@@ -197,7 +196,7 @@ def table(data: dict[str, Any]) -> str:
                 continue  # not trained (yet): a partial quality.json renders what it holds
             lr, losses = best(runs, size["name"], arm["label"])
             one = [r for r in runs if r["size"] == size["name"] and r["arm"] == arm["label"] and r["lr"] == lr]
-            cells = [size["name"], arm["label"], f"{lr:g}", f"{statistics.fmean(losses):.4f}"]
+            cells = [size["name"], arm["label"], f"{lr:g}", f"{statistics.fmean(losses.values()):.4f}"]
             cells.append("" if arm["dp"] else paired(losses, dp))
             if ladder:
                 cells.append(paired(losses, before) if before is not None else "")
@@ -261,7 +260,7 @@ def main() -> None:
     text = table(data)
     print(text)
     meta = data["meta"]
-    provenance = runner.Provenance(meta["command"], meta["commit"], meta["machine"], meta["date"])
+    provenance = runner.Provenance.of(meta)
     heading = f"Quality under the field's protocol: {title[meta['mode']]}"
     runner.record(heading, provenance, text, args.out or runner.RESULTS)
 
@@ -285,10 +284,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.keep or tempfile.mkdtemp(prefix="dlc-quality-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     meta = {
-        "command": "python bench/quality.py " + shlex.join(sys.argv[1:]),
-        "commit": runner.checkout_commit(),
-        "machine": runner.this_machine(),
-        "date": time.strftime("%Y-%m-%d"),
+        **asdict(runner.Provenance.here("python bench/quality.py " + shlex.join(sys.argv[1:]))),
         "mode": args.mode,
         "c": args.c,
         "global_batch": args.global_batch,

@@ -200,6 +200,11 @@ class Provenance:
         """`command` run now, from this checkout, on this machine."""
         return cls(command, checkout_commit(), this_machine(), time.strftime("%Y-%m-%d"))
 
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> Provenance:
+        """The provenance a bench stored among its results (`dataclasses.asdict` of one)."""
+        return cls(meta["command"], meta["commit"], meta["machine"], meta["date"])
+
     def markdown(self) -> str:
         return f"- command: `{self.command}`\n- commit: {self.commit}\n- machine: {self.machine}\n- date: {self.date}\n"
 

@@ -23,7 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +186,7 @@ def main() -> None:
         root = Path(args.keep or tempfile.mkdtemp(prefix="dlc-scaling-")).resolve()
         root.mkdir(parents=True, exist_ok=True)
         meta = {
-            "command": "python bench/scaling.py " + shlex.join(sys.argv[1:]),
-            "commit": runner.checkout_commit(),
-            "machine": runner.this_machine(),
-            "date": time.strftime("%Y-%m-%d"),
+            **asdict(runner.Provenance.here("python bench/scaling.py " + shlex.join(sys.argv[1:]))),
             "sizes": sizes,
             "seeds": [int(s) for s in args.seeds.split(",")],
             "algorithms": algorithms,
@@ -207,7 +204,7 @@ def main() -> None:
     plot(rows, data["meta"]["algorithms"], PLOT)
     text += "\nThe plot of the gap against the parameter count: `bench/scaling.png`.\n"
     meta = data["meta"]
-    provenance = runner.Provenance(meta["command"], meta["commit"], meta["machine"], meta["date"])
+    provenance = runner.Provenance.of(meta)
     runner.record("Quality against data-parallel by model size", provenance, text, args.out or runner.RESULTS)
 
 

@@ -323,6 +323,12 @@ DAMAGED_RUN_CASES: list[tuple[str, Callable[[Path], Any], list[str], list[str]]]
         ["holds 3 values of fragment 1"],
     ),
     (
+        "journal-record-of-an-older-dlc",  # a momentum where the outer step's state now is
+        lambda run: rewrite_record(run, outer=None, momentum=np.zeros(3, np.float32)),
+        [],
+        ["syncer journal", "is damaged", "written by an older dlc", "--fresh"],
+    ),
+    (
         "journal-refusal-of-no-push",
         lambda run: journal(run).write_bytes(
             journal(run).read_bytes()

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dlc.config.schema import Recipe
+from dlc.config.section import tagged_members
 from dlc.errors import UserError
 
 
@@ -90,54 +91,39 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     return recipe_from_dict(data, origin=str(path))
 
 
-def _model_of(annotation: Any, tag: Any) -> type[BaseModel] | None:
-    """The model a field holds: the class itself, an optional one, or the member of a tagged union
-    (`syncer.outer`) whose tag is `tag`."""
-    for candidate in (annotation, *getattr(annotation, "__args__", ())):
-        metadata = getattr(candidate, "__metadata__", ())
-        if metadata:  # Annotated[Model, Tag(...)]: a member of a union chosen by kind
-            if any(getattr(m, "tag", None) == tag for m in metadata):
-                return candidate.__origin__
-            continue
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
-
-
-def _field_names(loc: tuple[Any, ...]) -> list[str]:
-    """Declared field names at the place `loc` points to (for did-you-mean)."""
+def _locate(loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[str]]:
+    """An error's location as a user writes the key, without the kind pydantic puts after a union
+    chosen by kind (syncer.outer.nesterov.lr -> syncer.outer.lr), and the declared field names at
+    the place it points to (for did-you-mean; none where the schema does not say)."""
     model: Any = Recipe
-    parts = list(loc[:-1])
+    shown: list[Any] = []
+    parts = list(loc)
     while parts:
         part = parts.pop(0)
-        field = model.model_fields.get(part) if isinstance(part, str) else None
+        shown.append(part)
+        if not parts or model is None or isinstance(part, int):  # the key itself, or a list's index
+            continue
+        field = model.model_fields.get(part)
         if field is None:
-            if isinstance(part, int):
-                continue
-            return []
-        model = _model_of(field.annotation, parts[0] if parts else None)
-        if model is None:
-            return []
-        if parts and model.model_fields.get("kind") is not None and parts[0] == model.model_fields["kind"].default:
-            parts.pop(0)  # the union's tag in the error's location, not a field
-    return list(model.model_fields)
-
-
-def _shown(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """An error's location as a user writes the key: without the tag pydantic puts after a union
-    chosen by kind (syncer.outer.nesterov.lr -> syncer.outer.lr)."""
-    from dlc.config.outer import OUTER_KINDS
-
-    return tuple(p for i, p in enumerate(loc) if not (i and loc[i - 1] == "outer" and p in OUTER_KINDS))
+            model = None
+            continue
+        members = tagged_members(field.annotation)
+        if members:
+            model = members.get(parts[0]) if parts else None
+            if model is not None:
+                parts.pop(0)  # the union's kind in the location, not a key
+            continue
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return tuple(shown), list(model.model_fields) if model is not None else []
 
 
 def describe_validation_error(exc: ValidationError, origin: str) -> str:
     lines = []
     for err in exc.errors():
-        loc = _shown(tuple(err["loc"]))
+        loc, names = _locate(tuple(err["loc"]))
         where = ".".join(str(p) for p in loc) or "recipe"
         if err["type"] == "extra_forbidden":
-            names = _field_names(tuple(err["loc"]))
             close = difflib.get_close_matches(str(loc[-1]), names, n=1)
             hint = (
                 f"did you mean {'.'.join(str(p) for p in loc[:-1] + (close[0],))}?"

@@ -39,7 +39,9 @@ class DelayedNesterovOuter(Section):
 
 
 def _kind_of(value: Any) -> str | None:
-    return value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    """The kind a `syncer.outer` value asks for: a section without one is a Nesterov step
+    (`syncer.outer.lr=0.5` on its own)."""
+    return value.get("kind", "nesterov") if isinstance(value, dict) else getattr(value, "kind", None)
 
 
 OuterConfig = Annotated[
@@ -50,13 +52,6 @@ OuterConfig = Annotated[
         custom_error_message=f"unknown outer step: choose kind from {', '.join(OUTER_KINDS)}",
     ),
 ]
-
-
-def outer_with_kind(value: Any) -> Any:
-    """`syncer.outer` without a kind is a Nesterov step (`syncer.outer.lr=0.5` on its own)."""
-    if isinstance(value, dict) and "kind" not in value:
-        return {"kind": "nesterov", **value}
-    return value
 
 
 def legacy_outer(syncer: Any) -> Any:
@@ -74,7 +69,7 @@ def legacy_outer(syncer: Any) -> Any:
                 f"syncer.outer_{given[0] if given else 'lr'} and syncer.outer both set the outer step: write only "
                 f"syncer.outer (e.g. syncer.outer.{given[0] if given else 'lr'}=...)"
             )
-        if outer.get("kind", "nesterov") not in ("nesterov", None) and outer.get("kind") in OUTER_KINDS:
+        if outer.get("kind", "nesterov") != "nesterov" and outer.get("kind") in OUTER_KINDS:
             raise ValueError(
                 f"syncer.outer_lr / syncer.outer_momentum are Nesterov's; syncer.outer.kind={outer['kind']}: "
                 "write them as syncer.outer.lr and syncer.outer.momentum"

@@ -11,16 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dlc.config.schema import Recipe
-
-
-def _kinds(annotation: Any) -> list[tuple[str, type[BaseModel]]]:
-    """The members of a union chosen by kind (`Annotated[Model, Tag(kind)] | ...`), with their kinds."""
-    members = []
-    for candidate in getattr(annotation, "__args__", ()):
-        tags = [m.tag for m in getattr(candidate, "__metadata__", ()) if hasattr(m, "tag")]
-        if tags:
-            members.append((tags[0], candidate.__origin__))
-    return members
+from dlc.config.section import tagged_members
 
 
 def reference_markdown() -> str:
@@ -46,7 +37,8 @@ def reference_markdown() -> str:
                 default = default.model_dump(mode="json")
             shown = default if default == "required" else json.dumps(default)
             lines.append(f"| `{section}.{name}` | `{shown}` | {sub.description} |")
-            for kind, member in _kinds(sub.annotation):  # a union chosen by kind: each kind's own fields
+            # A union chosen by kind: each kind's own fields.
+            for kind, member in tagged_members(sub.annotation).items():
                 for key, leaf in member.model_fields.items():
                     if key != "kind":
                         lines.append(

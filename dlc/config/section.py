@@ -21,3 +21,14 @@ class Section(BaseModel):
             if bool not in (annotation, *getattr(annotation, "__args__", ())):
                 raise PydanticCustomError("bool_for_number", "true/false is not a number: write a number here")
         return value
+
+
+def tagged_members(annotation: Any) -> dict[str, type[BaseModel]]:
+    """The members of a union chosen by kind (`Annotated[Model, Tag(kind)] | ...`, as `syncer.outer`),
+    by kind; empty for any other annotation."""
+    members = {}
+    for candidate in getattr(annotation, "__args__", ()):
+        tags = [m.tag for m in getattr(candidate, "__metadata__", ()) if hasattr(m, "tag")]
+        if tags:
+            members[tags[0]] = candidate.__origin__
+    return members

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dlc.config.outer import NesterovOuter, OuterConfig, legacy_outer, outer_with_kind
+from dlc.config.outer import NesterovOuter, OuterConfig, legacy_outer
 from dlc.config.section import Section
 
 
@@ -82,11 +82,6 @@ class SyncerConfig(Section):
     @classmethod
     def _legacy_outer(cls, data: Any) -> Any:
         return legacy_outer(data)
-
-    @field_validator("outer", mode="before")
-    @classmethod
-    def _outer_kind(cls, value: Any) -> Any:
-        return outer_with_kind(value)
 
     @field_validator("weighting", mode="before")
     @classmethod

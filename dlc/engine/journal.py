@@ -139,8 +139,10 @@ def record_problem(record: Any, fragment_sizes: Sequence[int] | None = None) -> 
         return f"is a round of fragment {fragment}, but this run has {len(fragment_sizes)} fragments"
     if "theta" in record and np.size(record["theta"]) != fragment_sizes[fragment]:
         return f"holds {np.size(record['theta'])} values of fragment {fragment}, which has {fragment_sizes[fragment]}"
-    if "outer" in record and not isinstance(record["outer"], dict):  # the outer step's state, its keys its own
-        return f"holds an outer step state that is a {type(record['outer']).__name__}"
+    if "theta" in record and not isinstance(record.get("outer"), dict):  # the outer step's state, its keys its own
+        if "momentum" in record:
+            return "was written by an older dlc (a momentum, not the outer step's state)"
+        return f"holds an outer step state that is a {type(record.get('outer')).__name__}"
     return None
 
 

@@ -301,6 +301,7 @@ class Driver:
         if not self.syncer_reports.poll(self.syncer, self.supervisor):
             # Start a new syncer from the checkpoint and journal; learners re-send what it never merged.
             self.syncer, said = self.supervisor.restart_syncer(self.processes.syncer, self.syncer_reports)
+            self.supervisor.catch_up(self._absorb_learner)
             self.view.message(said)
         self.failure = self.syncer_reports.failure or self.failure
 

@@ -181,6 +181,17 @@ class Supervisor(Recoveries):
                 self.leave(i)
         self.file_time()
 
+    def catch_up(self, absorb: Any, wait_s: float = 2.0) -> None:
+        """After the driver was busy (a syncer restart), refresh every learner's view before the next
+        tick carries out a chaos request: a poll answered meanwhile is as old as the wait, and a
+        learner killed now would come back at that old data position, reading again what it had read.
+        A frozen learner does not answer; `wait_s` bounds the wait for it."""
+        self._poll(absorb, time.monotonic())
+        pending = [slot.poll for slot in self.slots.values() if slot.poll is not None]
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+        self._poll(absorb, time.monotonic())
+
     def forgive_silence(self) -> None:
         """After the driver itself was busy (a syncer restart), no learner has been silent."""
         now = time.monotonic()

@@ -142,6 +142,25 @@ def recovering(rundir, monkeypatch, syncer, new_actor, peer_state="training"):
     return sup, fake, made
 
 
+def test_after_a_busy_driver_every_view_is_fresh_before_the_next_chaos_request(rundir, monkeypatch):
+    """The driver restarted the syncer for 20 s: a learner's poll answered at its start is that old.
+    Killed on the next tick, the learner would come back at that old data position; catch_up takes
+    the stale answer and a fresh one first."""
+    fake_ray(monkeypatch)
+    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[])
+    answers = iter([75, 190])
+
+    def poll():
+        position = next(answers)
+        view = {"state": "training", "step": position, "data_position": position}
+        return Ref({"snapshot": view, "events": [], "metrics": [], "error": None})
+
+    sup.slots[0] = slot = LearnerSlot(handle=Actor("learner 0", poll=poll), stream=None, view={"state": "training"})
+    slot.poll = poll()  # asked before the driver got busy
+    sup.catch_up(lambda i, result: None)
+    assert slot.view["data_position"] == 190
+
+
 def events(rundir):
     return [json.loads(line) for line in (rundir.path / "events.jsonl").read_text().splitlines()]
 

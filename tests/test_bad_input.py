@@ -158,6 +158,10 @@ def journal(run: Path) -> Path:
 # (case, overrides, fragments of the one error line)
 RECIPE_CASES = [
     ("run-seed-negative", ["run.seed=-1"], ["run.seed=-1", "greater than or equal to 0"]),
+    ("run-local-dir-blank", ["run.local_dir= "], ["run.local_dir is empty", "leave the key out"]),
+    ("override-given-twice", ["run.seed=1", "run.seed=2"], ["run.seed is given twice", "'run.seed=2'"]),
+    # Bytes that are not UTF-8 on the command line reach Python as lone surrogates (PEP 383).
+    ("override-not-utf8", ["run.name=a\udcffb"], ["not valid UTF-8", "\\xff"]),
     ("run-seed-beyond-32-bits", ["run.seed=4294967296"], ["run.seed=4294967296", "less than or equal to 4294967295"]),
     ("run-max-steps-bool", ["run.max_steps=true"], ["run.max_steps=true", "not a number"]),
     ("run-status-interval-inf", ["run.status_interval_s=.inf"], ["run.status_interval_s=inf", "finite number"]),
@@ -206,6 +210,13 @@ def test_train_refuses_a_bad_recipe_before_anything_is_written(overrides, fragme
     run = tmp_path / "run"
     assert_user_error(invoke("train", str(TINY), *train_overrides(corpus, run), *overrides), *fragments)
     assert not run.exists()
+
+
+def test_train_refuses_an_empty_run_directory_and_writes_nothing(corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where the default runs/ would be made
+    overrides = [o for o in train_overrides(corpus, "x") if not o.startswith("run.dir=")]
+    assert_user_error(invoke("train", str(TINY), "run.dir=", *overrides), "run.dir is empty", "leave the key out")
+    assert list(tmp_path.iterdir()) == []
 
 
 def recipe_text(text: str) -> Callable[[Path], Path]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dlc.config.section import Section
 
@@ -47,6 +47,13 @@ class RunConfig(Section):
         description="JAX's persistent compilation cache, shared by every process of a run and by later runs; "
         "safe for several processes at once.",
     )
+
+    @field_validator("dir", "local_dir")
+    @classmethod
+    def _not_blank(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"run.{info.field_name} is empty: name a directory, or leave the key out for its default")
+        return value
 
     @model_validator(mode="after")
     def _needs_a_stop(self) -> RunConfig:

@@ -17,10 +17,20 @@ from dlc.errors import UserError
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """`["a.b=1", "c=x"]` -> nested dict, values parsed as YAML scalars (`1` -> int, `[1,2]` -> list)."""
     tree: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise UserError(f"override {item!r} is not key=value: write it as e.g. learners.count=2")
+        if not _is_utf8(item):
+            raw_bytes = item.encode("utf-8", "surrogateescape")
+            raise UserError(
+                f"override {raw_bytes!r} is not valid UTF-8: recipes, paths and names are read as UTF-8; "
+                "rename the file (or point at it with a glob such as data.paths=[data/*.txt])"
+            )
+        if key in given:
+            raise UserError(f"{key} is given twice ({given[key]!r} and {item!r}): keep the one you mean")
+        given[key] = item
         value = _parse_scalar(raw)
         node = tree
         *parents, leaf = key.split(".")
@@ -33,9 +43,18 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return tree
 
 
+def _is_utf8(text: str) -> bool:
+    """Command-line bytes that are not UTF-8 reach Python as lone surrogates (PEP 383)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _parse_scalar(raw: str) -> Any:
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = yaml.safe_load(raw) if raw.strip() else raw  # blank is blank, not YAML's null
     except yaml.YAMLError:
         return raw
     if isinstance(value, str):

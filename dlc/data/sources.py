@@ -239,6 +239,8 @@ def _jsonl_documents(path: Path, field: str, reading: Reading) -> Iterator[str]:
                 else:
                     reading.bytes_read += len(line)
                 text = _decode(line, reading)
+                if number == 1:  # a byte-order mark, as Windows tools write: read past it
+                    text = text.removeprefix("\ufeff")
                 if not text.strip():
                     continue
                 try:

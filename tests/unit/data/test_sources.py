@@ -81,6 +81,14 @@ def test_jsonl_gives_a_document_per_line(tmp_path, name):
     assert reading.bytes_read == path.stat().st_size
 
 
+@pytest.mark.parametrize("name", ["bom.jsonl", "bom.jsonl.gz"])
+def test_jsonl_that_begins_with_a_byte_order_mark_is_read(tmp_path, name):
+    raw = b"\xef\xbb\xbf" + jsonl([{"text": "first"}, {"text": "second"}])
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    assert read(resolve_sources([str(path)], "text"))[0] == ["first", "second"]
+
+
 def test_jsonl_other_field(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_bytes(jsonl([{"content": "x", "text": 5}]))

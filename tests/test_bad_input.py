@@ -589,6 +589,12 @@ COMMAND_CASES: list[tuple[str, Callable[[Path], list[str]], list[str]]] = [
         ["of memory", "--chips"],
     ),
     ("bandwidth-params-infinite", lambda tmp: ["bandwidth", "--params", "1e400"], ["--params='1e400'", "too large"]),
+    ("bandwidth-params-absurd", lambda tmp: ["bandwidth", "--params", "1e20"], ["--params=1e20", "more than 100T"]),
+    (
+        "bandwidth-recipe-absurd",
+        lambda tmp: ["bandwidth", "--recipe", str(recipe_file(tmp, "model: {width: 10000000, num_layers: 10}"))],
+        ["parameters, more than 100T", "model.width (10000000)"],
+    ),
     ("bandwidth-step-time-infinite", lambda tmp: ["bandwidth", "--step-time-s", "inf"], ["--step-time-s=inf"]),
     ("bandwidth-fragments-beyond-memory", lambda tmp: ["bandwidth", "--fragments", "1000000000"], ["of memory"]),
     ("bandwidth-buckets-beyond-memory", lambda tmp: ["bandwidth", "--buckets", "10000000000"], ["--buckets="]),

@@ -14,7 +14,11 @@ import typer
 
 from dlc.cli.options import format_count, parse_count, takes_settings
 from dlc.cli.tables import print_table
+from dlc.errors import UserError
 from dlc.plan.inputs import LinkSetup
+
+# 50x the largest models trained (about 2T parameters): past it a figure says only that an input is wrong.
+MAX_PARAMS = 1e14
 
 
 @takes_settings(
@@ -40,7 +44,13 @@ def bandwidth_command(
         return
     from dlc.plan.bandwidth import plan
 
-    setup = LinkSetup(params=parse_count(params, "--params"), **link)
+    count = parse_count(params, "--params")
+    if count > MAX_PARAMS:
+        raise UserError(
+            f"--params={params} is {count:.3g} parameters, more than 100T (1e14): 50x the "
+            "largest models trained; give the model's size, e.g. 5B"
+        )
+    setup = LinkSetup(params=count, **link)
     rows = plan(setup)
     if json_out:
         out = {
@@ -75,6 +85,12 @@ def _recipe_traffic(path: Path, json_out: bool) -> None:
 
     recipe = planned_vocab(load_recipe(path))
     traffic = recipe_traffic(recipe)
+    if traffic["params"] > MAX_PARAMS:
+        model = recipe.model
+        raise UserError(
+            f"{path}: {traffic['params']:,} parameters, more than 100T (1e14): 50x the largest "
+            f"models trained; check model.width ({model.width}) and model.num_layers ({model.num_layers})"
+        )
     if json_out:
         typer.echo(json.dumps({k: round(v, 3) for k, v in traffic.items()}))
         return

@@ -17,7 +17,6 @@ from dlc.errors import UserError
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """`["a.b=1", "c=x"]` -> nested dict, values parsed as YAML scalars (`1` -> int, `[1,2]` -> list)."""
     tree: dict[str, Any] = {}
-    given: dict[str, str] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
@@ -28,9 +27,6 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
                 f"override {raw_bytes!r} is not valid UTF-8: recipes, paths and names are read as UTF-8; "
                 "rename the file (or point at it with a glob such as data.paths=[data/*.txt])"
             )
-        if key in given:
-            raise UserError(f"{key} is given twice ({given[key]!r} and {item!r}): keep the one you mean")
-        given[key] = item
         value = _parse_scalar(raw)
         node = tree
         *parents, leaf = key.split(".")

@@ -134,7 +134,7 @@ def test_stall_syncer_kill_learner_kill_and_resume_lose_and_double_nothing(tmp_p
         "syncer.heartbeat_timeout_s=3",
         "syncer.checkpoint_interval_s=5",
         # 400 steps take 80 s. The driver restarts the syncer in place (about 20 s on 2 cores, the
-        # learners training on meanwhile) and fires the learner kill after it, at about step 190: the
+        # learners training on meanwhile) and fires the learner kill after it, at about step 175: the
         # steps left give the killed learner about 30 s to come back (it took 13 s here) while its
         # peers still train (with 200, it came back to peers that had finished: nothing to push).
         "learners.step_time_s=0.2",

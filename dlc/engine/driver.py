@@ -291,6 +291,8 @@ class Driver:
             self.rundir.event("learner_stopped", learner=i, step=final["snapshot"]["step"], reason="run_end")
         finished = self.syncer_reports.finish(self.syncer, self.supervisor)
         self.failure = self.syncer_reports.failure or self.failure
+        if self.has_global_model:
+            self.evals.settle_initial()
         if finished and self.has_global_model:
             self.evals.final(self.syncer.global_params.remote(), self._mean_step(), self._tokens())
 

@@ -2,8 +2,8 @@
 
 A periodic one comes every `eval.every_steps` mean learner steps.
 
-The periodic ones run off the critical path: the driver starts one and picks its result up on a
-later tick, never waiting for it.
+All run off the critical path: the driver starts one and picks its result up on a later tick,
+never waiting for it; the first compiles the evaluation while the learners compile their steps.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ class Evaluations:
         self.bpb: float | None = None
         self.evaluator: Any = None  # the evaluator actor
         self._ref: Any = None  # the evaluation in flight
+        self._ref_initial = False  # ... of the model the run starts from
         self._step, self._tokens = 0.0, 0
         self._next = every_steps
 
     def first(self, evaluator: Any, params: Any) -> None:
-        """Evaluate the model the run starts from (unless the run it resumes did), and wait for it."""
+        """Start evaluating the model the run starts from (unless the run it resumes did)."""
         self.evaluator = evaluator
         if self.initial is None:
-            self.initial, bpb = ray.get(evaluator.evaluate.remote(params))
-            self.metric(kind="eval", step=0, tokens=0, eval_loss=self.initial, eval_bpb=bpb)
+            self._ref, self._ref_initial = evaluator.evaluate.remote(params), True
 
     def poll(self, step: float, tokens: int, params: Callable[[], Any]) -> None:
         """Record an evaluation that finished; start the next when the mean step passes its mark."""
@@ -40,22 +40,35 @@ class Evaluations:
             ready, _ = ray.wait([self._ref], timeout=0)
             if not ready:
                 return
-            ref, self._ref = self._ref, None
-            try:
-                self.loss, self.bpb = ray.get(ref)
-            except ray.exceptions.RayError:  # the syncer died while serving the parameters
-                return
-            self.metric(
-                kind="eval", step=round(self._step, 1), tokens=self._tokens, eval_loss=self.loss, eval_bpb=self.bpb
-            )
+            self._record(self._ref)
         if step >= self._next:
             self._next = (int(step) // self.every_steps + 1) * self.every_steps
             self._step, self._tokens = step, tokens
             self._ref = self.evaluator.evaluate.remote(params())
 
+    def _record(self, ref: Any) -> None:
+        """Record the evaluation in flight, which has finished or is waited for."""
+        self._ref, initial, self._ref_initial = None, self._ref_initial, False
+        try:
+            loss, bpb = ray.get(ref)
+        except ray.exceptions.RayError:  # the syncer died while serving the parameters
+            return
+        if initial:
+            self.initial = loss
+            self.metric(kind="eval", step=0, tokens=0, eval_loss=loss, eval_bpb=bpb)
+        else:
+            self.loss, self.bpb = loss, bpb
+            self.metric(kind="eval", step=round(self._step, 1), tokens=self._tokens, eval_loss=loss, eval_bpb=bpb)
+
+    def settle_initial(self) -> None:
+        """Wait for the evaluation of the model the run started from, if it is still in flight."""
+        if self._ref_initial:
+            self._record(self._ref)
+
     def final(self, params: Any, step: float, tokens: int) -> None:
         """The end of the run: let the one in flight finish, then evaluate the final model."""
-        if self._ref is not None:
+        self.settle_initial()
+        if self._ref is not None:  # a periodic one: its figures are superseded by the final one's
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.get(self._ref)
         self.loss, self.bpb = ray.get(self.evaluator.evaluate.remote(params), timeout=300)

@@ -253,6 +253,11 @@ class BarrierSyncer(GlobalFragments):
 
     def _admit(self) -> None:
         self.events.append({"kind": "members_admitted", "learners": sorted(self.joining), "version": self.version})
+        # A member's silence counts from its admission at the earliest: a joiner registered while the
+        # job was starting, and not yet beating, is given the whole timeout to be heard from.
+        now = self.clock()
+        for learner in self.joining:
+            self.heartbeats[learner] = max(self.heartbeats.get(learner, now), now)
         self.members |= self.joining
         self.joining.clear()
         self.broadcast_due = True

@@ -123,6 +123,22 @@ def test_the_barrier_waits_for_every_member_and_the_job_start_has_no_pause():
     assert sent[-3:] == [(0, 1), (1, 1), (2, 1)]
 
 
+def test_silence_counts_from_admission_when_the_job_starts_late():
+    # The learners registered, then the job's first tick came long after (the driver was busy
+    # starting things): nobody has beaten yet, and nobody is dropped for it.
+    syncer, clock, sent = make_barrier(members=2)
+    clock.now += 30.0
+    syncer.tick()
+    assert syncer.members == {0, 1}
+    clock.now += 4.9
+    syncer.tick()
+    assert syncer.members == {0, 1} and syncer.pauses == 0
+    clock.now += 0.2  # past heartbeat_timeout_s since the admission: a member that never beat is dropped
+    syncer.heartbeat(0)
+    syncer.tick()
+    assert syncer.members == {0} and syncer.pauses == 1
+
+
 def test_a_failure_pauses_once_then_the_survivors_go_on():
     syncer, clock, sent = make_barrier()
     syncer.tick()

@@ -52,6 +52,7 @@ def run(
         with Interrupts(final=ends_process) as interrupts:
             try:
                 started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
+                interrupts.claim()
                 # Ray would leave an actor asking for what no node has pending forever: refuse it now.
                 devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
                 placement.check(recipe, cluster.nodes(), started["driver_node"])

@@ -66,9 +66,12 @@ def train_command(
         from dlc.train import run
 
         outcome = run(loaded, fresh=fresh, chaos_plan=plan, ends_process=ends_with_command())
-    except KeyboardInterrupt:
-        _end_after_a_cut_start()
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        from dlc.engine.interrupts import exit_code_of
+
+        code = exit_code_of(exc)
+        _end_after_a_cut_start(code)
+        raise typer.Exit(code) from None
     summary = outcome.summary
     final, initial = summary.get("eval_loss_final"), summary.get("eval_loss_initial")
     loss = ""
@@ -87,8 +90,8 @@ def train_command(
     raise typer.Exit(outcome.exit_code)
 
 
-def _end_after_a_cut_start() -> None:
-    """Say so; in a process that ends with this command, end it now, with code 130, ignoring Ctrl-C.
+def _end_after_a_cut_start(code: int) -> None:
+    """Say so; in a process that ends with this command, end it now, with `code`, ignoring Ctrl-C.
 
     A Ctrl-C inside `ray.init` leaves Ray's threads half started; the interpreter's teardown then
     frees JAX's modules while one of them still runs, and crashes (seen: a segfault in jaxlib's
@@ -97,11 +100,12 @@ def _end_after_a_cut_start() -> None:
     ends = ends_with_command()
     if ends:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     typer.echo("interrupted while starting: nothing was trained", err=True)
     if ends:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(code)
 
 
 def _prepare_on_first_use(recipe: Recipe) -> None:

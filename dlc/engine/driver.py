@@ -17,7 +17,7 @@ from dlc.config.schema import Recipe
 from dlc.data.plan import DataPlan
 from dlc.engine.control import start_chaos
 from dlc.engine.evaluations import Evaluations
-from dlc.engine.interrupts import EXIT_INTERRUPTED, Interrupts
+from dlc.engine.interrupts import Interrupts, exit_code_of
 from dlc.engine.syncer_reports import SyncerReports
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
@@ -91,6 +91,7 @@ class Driver:
             self.cluster_info = cluster.start_cluster(
                 recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe)
             )
+            interrupts.claim()
         self.rundir.event("cluster_started", **self.cluster_info)
         try:
             self._launch()
@@ -127,15 +128,15 @@ class Driver:
                         refused={k.name.lower(): v for k, v in report.refused.items()},
                         stopped_because=report.stopped_because,
                     )
-                ending, code = ("interrupted", EXIT_INTERRUPTED) if interrupts.requested else ("completed", 0)
+                ending, code = ("interrupted", interrupts.exit_code) if interrupts.requested else ("completed", 0)
                 if self.failure:
                     ending, code = "failed", 1
                 self.view.message(f"{ending}: stopping learners, merging what they have not pushed")
                 self._finish()
                 # Only once everything is merged and saved (the syncer may die while the run ends).
                 status, exit_code = ("failed", 1) if self.failure else (ending, code)
-        except KeyboardInterrupt:
-            status, exit_code = "interrupted", EXIT_INTERRUPTED
+        except KeyboardInterrupt as exc:
+            status, exit_code = "interrupted", exit_code_of(exc)
         except Exception as exc:  # a UserError from inside an actor (a damaged journal at a restart): one line
             self.failure = self.failure or str(_user_error_inside(exc)).splitlines()[0]
             raise _user_error_inside(exc) from None

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dlc.engine.interrupts import Interrupts
+from dlc.engine.interrupts import Interrupts, exit_code_of
 
 
 @pytest.fixture(autouse=True)
@@ -65,23 +65,47 @@ def test_a_run_that_winds_down_by_itself_holds_ctrl_c_and_puts_the_handler_back(
         ctrl_c()
 
 
-def test_a_process_that_ends_with_the_run_ignores_ctrl_c_once_it_is_over():
-    before = signal.getsignal(signal.SIGINT)
+def test_a_process_that_ends_with_the_run_ignores_ctrl_c_and_sigterm_once_it_is_over():
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         with Interrupts(final=True):
             pass
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert all(signal.getsignal(signum) is signal.SIG_IGN for signum in before)
         ctrl_c()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
     finally:
-        signal.signal(signal.SIGINT, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_gives_its_own_exit_code():
+    """A scheduler's notice (Kubernetes, Slurm, a spot VM) is SIGTERM: a clean stop, exit 143."""
+    before = signal.getsignal(signal.SIGTERM)
+    with Interrupts() as interrupts:
+        interrupts.training()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert interrupts.requested and interrupts.exit_code == 143
+        with pytest.raises(KeyboardInterrupt) as raised:
+            ctrl_c()  # a second signal interrupts at once; the first one's code stays
+        assert exit_code_of(raised.value) == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+    with Interrupts() as interrupts, pytest.raises(KeyboardInterrupt) as raised:
+        os.kill(os.getpid(), signal.SIGTERM)  # while starting: interrupts at once
+        time.sleep(0.05)
+    assert exit_code_of(raised.value) == 143
+    assert exit_code_of(KeyboardInterrupt()) == 130  # Python's own Ctrl-C, before dlc handles it
 
 
 def test_an_interrupt_lost_in_a_garbage_collection_callback_while_starting_is_delivered_again(capsys):
     """JAX collects garbage with a callback, where Python prints an exception and drops it."""
-    fired = []
+    fired, armed = [], []
 
     def callback(phase: str, info: dict) -> None:
-        if phase == "start" and not fired:
+        # Armed inside the block only: a collection Python starts by itself before it (more likely
+        # after tests that left garbage) would send the signal to pytest's own handler.
+        if phase == "start" and armed and not fired:
             fired.append(phase)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)  # the handler runs here, inside the callback
@@ -89,6 +113,7 @@ def test_an_interrupt_lost_in_a_garbage_collection_callback_while_starting_is_de
     gc.callbacks.append(callback)
     try:
         with Interrupts(), pytest.raises(KeyboardInterrupt):
+            armed.append(True)
             gc.collect()
             time.sleep(0.05)
     finally:

@@ -281,7 +281,7 @@ DAMAGED_RUN_CASES: list[tuple[str, Callable[[Path], Any], list[str], list[str]]]
     ("summary-a-directory", lambda run: replace_with_dir(run / "summary.json"), [], ["summary.json is a directory"]),
     ("tensorboard-a-file", lambda run: replace_with_file(run / "tensorboard"), [], ["tensorboard is a file"]),
     ("wandb-a-file", lambda run: (run / "wandb").write_text("a file\n"), [], ["wandb is a file"]),
-    ("mlruns-a-file", lambda run: (run / "mlruns").write_text("a file\n"), [], ["mlruns is a file"]),
+    ("mlflow-a-file", lambda run: (run / "mlflow").write_text("a file\n"), [], ["mlflow is a file"]),
     ("trackers-json-a-directory", lambda run: (run / "trackers.json").mkdir(), [], ["trackers.json is a directory"]),
     ("checkpoints-a-file", lambda run: replace_with_file(run / "checkpoints"), [], ["checkpoints is a file"]),
     (
@@ -485,7 +485,7 @@ def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_start
 def test_fresh_clears_everything_an_earlier_run_wrote(run_copy, corpus):
     from dlc.run.rundir import RunDir
 
-    earlier = ("tensorboard/events.out.tfevents.1", "wandb/debug.log", "mlruns/0/meta.yaml", "trackers.json")
+    earlier = ("tensorboard/events.out.tfevents.1", "wandb/debug.log", "mlflow/mlflow.db", "trackers.json")
     for name in (*earlier, "chaos.jsonl", "control.jsonl", "keep-me.txt"):
         (run_copy / name).parent.mkdir(parents=True, exist_ok=True)
         (run_copy / name).write_text("an earlier run's\n")

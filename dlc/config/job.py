@@ -112,5 +112,5 @@ class TrackingConfig(Section):
     mlflow_uri: str | None = Field(
         None,
         description="MLflow tracking URI: http(s)://HOST:PORT of a tracking server, sqlite:///PATH, or file:PATH. "
-        "Default: $MLFLOW_TRACKING_URI, else a file store in RUN/mlruns.",
+        "Default: $MLFLOW_TRACKING_URI, else an SQLite database in RUN/mlflow.",
     )

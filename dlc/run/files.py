@@ -28,7 +28,9 @@ CONTROL_FILE = "control.jsonl"  # requests to the driver (slow, join, leave, lin
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files (track: [tensorboard])
 WANDB_DIR = "wandb"  # W&B's files for each start of the run (track: [wandb])
-MLFLOW_DIR = "mlruns"  # the default MLflow file store (track: [mlflow])
+MLFLOW_DIR = "mlflow"  # the default MLflow store (track: [mlflow]): an SQLite database and the artifacts
+MLFLOW_DB = "mlflow.db"  # ... the database, in MLFLOW_DIR
+MLFLOW_ARTIFACTS = "artifacts"  # ... the artifacts, in MLFLOW_DIR
 TRACKERS_FILE = "trackers.json"  # the tracker runs this run logs to, so that a resume goes on in them
 
 # Learner states as status.json reports them.

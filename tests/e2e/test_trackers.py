@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from dlc.observe.trackers.mlflow import store_uri
 from tests.helpers import TINY, read_jsonl, run_cli
 from tests.tracker_files import (
     mlflow_series,
@@ -33,7 +34,6 @@ def wandb_services() -> set[int]:
 def test_a_mixed_run_and_its_resume_log_to_the_same_tracker_runs(tmp_path, monkeypatch):
     run = tmp_path / "run"
     env = wandb_env(tmp_path / "wandb-home")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read the file store here
     args = [
         "train",
         str(TINY),
@@ -83,7 +83,7 @@ def test_a_mixed_run_and_its_resume_log_to_the_same_tracker_runs(tmp_path, monke
     # MLflow: the one run gained the resumed steps, and the run ended finished.
     from mlflow.tracking import MlflowClient
 
-    uri = (run / "mlruns").resolve().as_uri()
+    uri = store_uri(run)
     run_id = ids["mlflow"]["run_id"]
     assert [step for step, _ in mlflow_series(uri, run_id, "train/loss/learner_0")] == [5, 10, 15, 20]
     assert mlflow_series(uri, run_id, "eval/loss")[0][0] == 0

@@ -1,4 +1,7 @@
-"""MLflow: one MLflow run per dlc run, in a tracking server, a database, or a file store in RUN/mlruns.
+"""MLflow: one MLflow run per dlc run, in a tracking server, a database, or an SQLite database in RUN/mlflow.
+
+The run directory's database is the default, where MLflow 3 refuses its old file store unless the
+reader sets MLFLOW_ALLOW_FILE_STORE (`mlflow ui` as a user types it would fail on one).
 
 Metrics are sent in batches, at most one a second (a server is not asked once per round); the recipe
 is logged as the run's parameters when it is created. MLflow has no annotations: `events/<kind>`
@@ -9,6 +12,7 @@ when the run ends.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import urllib.error
@@ -20,7 +24,7 @@ from urllib.parse import urlparse
 from dlc.config.schema import Recipe
 from dlc.errors import UserError
 from dlc.observe.trackers.points import Note, Point
-from dlc.run.files import MLFLOW_DIR
+from dlc.run.files import MLFLOW_ARTIFACTS, MLFLOW_DB, MLFLOW_DIR
 
 if TYPE_CHECKING:
     from dlc.observe.trackers.fanout import Opening
@@ -33,16 +37,32 @@ STATES = {"completed": "FINISHED", "interrupted": "KILLED"}  # anything else: FA
 
 
 def _configured(recipe: Recipe) -> tuple[str | None, str]:
-    """The tracking URI the user chose (None: the run directory's file store), and where it was set."""
+    """The tracking URI the user chose (None: the run directory's database), and where it was set."""
     if recipe.tracking.mlflow_uri:
         return recipe.tracking.mlflow_uri, "tracking.mlflow_uri"
     return os.environ.get("MLFLOW_TRACKING_URI") or None, "$MLFLOW_TRACKING_URI"
 
 
+def store_uri(run_dir: Path) -> str:
+    """The tracking URI of the run directory's own store: `mlflow ui --backend-store-uri` takes it."""
+    return f"sqlite:///{(run_dir / MLFLOW_DIR / MLFLOW_DB).resolve()}"
+
+
 def tracking_uri(recipe: Recipe, run_dir: Path) -> str:
     """The tracking URI the run logs to."""
     uri, _ = _configured(recipe)
-    return uri or (run_dir / MLFLOW_DIR).resolve().as_uri()
+    return uri or store_uri(run_dir)
+
+
+def _sqlalchemy_missing() -> bool:
+    """MLflow reaches a database through SQLAlchemy and creates its tables with Alembic, which
+    mlflow-skinny does not bring."""
+    try:
+        import alembic  # noqa: F401
+        import sqlalchemy  # noqa: F401
+    except ImportError:
+        return True
+    return False
 
 
 def check(recipe: Recipe) -> None:
@@ -54,8 +74,14 @@ def check(recipe: Recipe) -> None:
             "mlflow-skinny), or remove mlflow from track"
         ) from None
     uri, where = _configured(recipe)
-    if uri is None:
-        return  # the file store in the run directory, which RunDir.check finds writable
+    if uri is None:  # the run directory's database (RunDir.check finds the directory writable)
+        if _sqlalchemy_missing():
+            raise UserError(
+                "track lists mlflow, which logs to an SQLite database in the run directory through SQLAlchemy "
+                "and Alembic, and they are missing: pip install 'dlc[track]' (or pip install sqlalchemy "
+                "alembic), or set tracking.mlflow_uri to a tracking server"
+            )
+        return
     scheme = urlparse(uri).scheme
     if scheme in ("http", "https"):
         try:
@@ -73,14 +99,11 @@ def check(recipe: Recipe) -> None:
         from dlc.run.rundir import check_writable_dir
 
         check_writable_dir(Path(urlparse(uri).path if scheme else uri), where)
-    elif scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
-        try:
-            import sqlalchemy  # noqa: F401
-        except ImportError:
-            raise UserError(
-                f"{where}={uri!r} is a database, which MLflow reaches through SQLAlchemy: pip install mlflow "
-                "(the full package), or use a file: URI or a tracking server"
-            ) from None
+    elif scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql") and _sqlalchemy_missing():
+        raise UserError(
+            f"{where}={uri!r} is a database, which MLflow reaches through SQLAlchemy and Alembic: "
+            "pip install 'dlc[track]' (or pip install sqlalchemy alembic), or use a tracking server"
+        )
 
 
 def _params(recipe: Recipe) -> dict[str, str]:
@@ -104,6 +127,12 @@ class MlflowTracker:
 
     def __init__(self, opening: Opening) -> None:
         uri = tracking_uri(opening.recipe, opening.run_dir)
+        own = opening.run_dir / MLFLOW_DIR
+        if uri == store_uri(opening.run_dir):
+            own.mkdir(exist_ok=True)
+        # Creating a database's tables, MLflow and Alembic say so at INFO on the console, once per table change.
+        for name in ("mlflow.store.db.utils", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         if urlparse(uri).scheme in ("", "file"):
             # MLflow 3 keeps the file store in maintenance and refuses it unless asked for
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -116,7 +145,7 @@ class MlflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=uri)
-        # The run directory's own file store is kept as None: it moves with the directory.
+        # The run directory's own store is kept as None: it moves with the directory.
         chosen, _ = _configured(opening.recipe)
         run_id = opening.kept.get("run_id") if opening.kept.get("tracking_uri") == chosen else None
         if run_id is not None:
@@ -127,7 +156,11 @@ class MlflowTracker:
         if run_id is None:
             project = opening.recipe.tracking.project
             experiment = self.client.get_experiment_by_name(project)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
+            if experiment is not None:
+                experiment_id = experiment.experiment_id
+            else:  # a database's artifacts would go to ./mlruns, wherever dlc was started: into the run directory
+                artifacts = (own / MLFLOW_ARTIFACTS).resolve().as_uri() if uri == store_uri(opening.run_dir) else None
+                experiment_id = self.client.create_experiment(project, artifact_location=artifacts)
             run = self.client.create_run(
                 experiment_id, run_name=opening.name, tags={"dlc.run_dir": str(opening.run_dir)}
             )

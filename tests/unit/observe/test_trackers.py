@@ -16,6 +16,7 @@ from dlc.config.load import load_recipe
 from dlc.errors import UserError
 from dlc.observe.trackers import Trackers, check_trackers, default_trackers
 from dlc.observe.trackers.fanout import STATUS_EVERY_S
+from dlc.observe.trackers.mlflow import store_uri
 from dlc.observe.trackers.points import MEAN_STEP, TOKENS, Note, Point, metric_points, status_points
 from dlc.run.rundir import RunDir
 from tests.helpers import TINY
@@ -37,10 +38,9 @@ T0 = 1_790_000_000.0
 
 @pytest.fixture
 def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """W&B offline with nothing under ~, the MLflow file store allowed: nothing leaves the machine."""
+    """W&B offline with nothing under ~, MLflow in the run directory's database: nothing leaves the machine."""
     for key, value in wandb_env(tmp_path / "wandb-home").items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
@@ -99,8 +99,9 @@ def start(recipe_overrides: list[str], run_dir: Path, steps: tuple[int, ...], st
 ALL = ["track=[tensorboard,wandb,mlflow]", "tracking.wandb_mode=offline"]
 
 
-def test_every_tracker_reads_back_what_the_run_recorded(tmp_path, offline):
+def test_every_tracker_reads_back_what_the_run_recorded(tmp_path, offline, monkeypatch):
     run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
     assert start(ALL, run, (10, 20)) == []
     assert wandb_core_processes() == []  # W&B's service ended with the run
 
@@ -128,7 +129,11 @@ def test_every_tracker_reads_back_what_the_run_recorded(tmp_path, offline):
 
     from mlflow.tracking import MlflowClient
 
-    uri = (run / "mlruns").resolve().as_uri()
+    # MLflow's default: an SQLite database in the run directory, readable with no MLFLOW_ALLOW_FILE_STORE,
+    # its artifacts beside it (not in ./mlruns, where MLflow puts a database's by default).
+    assert (run / "mlflow" / "mlflow.db").is_file() and not (tmp_path / "mlruns").exists()
+    uri = store_uri(run)
+    assert uri == f"sqlite:///{run / 'mlflow' / 'mlflow.db'}"
     run_id = ids["mlflow"]["run_id"]
     assert mlflow_series(uri, run_id, "train/loss/learner_0") == [(10, 3.9), (20, 3.8)]
     assert mlflow_series(uri, run_id, "eval/loss_vs_tokens") == [(0, 5.5), (40960, 3.5)]
@@ -158,7 +163,7 @@ def test_a_resume_goes_on_in_the_same_tracker_runs(tmp_path, offline):
     assert wandb_series(after, "train/loss/learner_0", "step/learner_0") == [(20, 3.8), (30, 3.7)]
     assert max(r["_step"] for r in wandb_history(before)) < min(r["_step"] for r in wandb_history(after))
     # MLflow: the same run gained the points, and ended as the second start did.
-    uri = (run / "mlruns").resolve().as_uri()
+    uri = store_uri(run)
     run_id = first["mlflow"]["run_id"]
     assert mlflow_series(uri, run_id, "train/loss/learner_0") == [(10, 3.9), (20, 3.8), (30, 3.7)]
     from mlflow.tracking import MlflowClient
@@ -283,3 +288,10 @@ def test_a_tracker_that_cannot_start_is_one_line_naming_the_fix(tmp_path, monkey
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'file' / 'mlruns'}")
     with pytest.raises(UserError, match="cannot be written"):
         check_trackers(load_recipe(TINY, ["track=[mlflow]"]))
+    # MLflow's database needs SQLAlchemy and Alembic, which mlflow-skinny alone does not bring.
+    monkeypatch.setattr("dlc.observe.trackers.mlflow._sqlalchemy_missing", lambda: True)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(UserError, match=r"SQLite database in the run directory .* pip install 'dlc\[track\]'"):
+        check_trackers(load_recipe(TINY, ["track=[mlflow]"]))
+    with pytest.raises(UserError, match=r"'sqlite:///x.db' is a database, .* pip install 'dlc\[track\]'"):
+        check_trackers(load_recipe(TINY, ["track=[mlflow]", "tracking.mlflow_uri=sqlite:///x.db"]))

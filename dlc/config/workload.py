@@ -141,13 +141,28 @@ class DataConfig(Section):
 
 class InnerConfig(Section):
     lr: float = Field(3e-3, gt=0, description="Peak AdamW learning rate.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final learning rate as a fraction of lr (cosine).")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final learning rate as a fraction of lr.")
     warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps from 0 to lr.")
+    schedule: Literal["cosine", "wsd"] = Field(
+        "cosine",
+        description="cosine: warm-up, then cosine decay to the final lr over the rest of the schedule; wsd: "
+        "warm-up, stable at lr, then a linear decay to the final lr over the last decay_fraction of it.",
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="wsd: the fraction of the schedule's steps, at its end, that decays."
+    )
     schedule_steps: int | None = Field(
         None,
         ge=1,
-        description="Length of the cosine schedule in steps. Default: run.max_steps, or derived from "
+        description="Length of the schedule in steps. Default: run.max_steps, or derived from "
         "run.max_tokens; required when the run stops only on wall time.",
+    )
+    z_loss: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the z-loss, z_loss * mean(logsumexp(logits)^2), added to the training objective "
+        "to keep the softmax's normaliser near 1 (PaLM used 1e-4). 0: off. The loss reported is the "
+        "cross-entropy alone.",
     )
     weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay.")
     b1: float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")

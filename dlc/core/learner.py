@@ -41,6 +41,7 @@ class Learner:
         self.pace_s = recipe.learners.resolved(index).step_time_s
         self.graphdef, params = build_model(recipe.model, recipe.run.seed)
         self.optimizer = make_optimizer(recipe.inner, recipe.schedule_steps())
+        self.z_loss = recipe.inner.z_loss
         # Every array the jitted functions see is committed to this learner's devices: jit compiles a
         # function once per mix of committed and uncommitted inputs.
         settings = recipe.learners.resolved(index)
@@ -53,7 +54,7 @@ class Learner:
         if self.placement.sharded:
             layouts = (self.placement.tree(self.params), self.placement.tree(self.opt_state))
             shardings = (*layouts, self.placement.batch, self.placement.replicated)
-        self._train_step = make_train_step(self.graphdef, self.optimizer, shardings)
+        self._train_step = make_train_step(self.graphdef, self.optimizer, shardings, self.z_loss)
         self._step_fn: Any = None  # the compiled train step: `compile`
         self._compiling = threading.Lock()  # the engine compiles in a thread of its own
         self._grad_step: Any = None  # compiled on first use: only data-parallel learners need it
@@ -84,7 +85,7 @@ class Learner:
         with self._compiling:
             if self._grad_step is None:
                 batch = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), np.int32)
-                self._grad_step = make_grad_step(self.graphdef).lower(self.params, batch, batch).compile()
+                self._grad_step = make_grad_step(self.graphdef, self.z_loss).lower(self.params, batch, batch).compile()
 
     def rebind(self, index: int, recipe: Recipe, source: StreamSource) -> None:
         """Become learner `index` with its data stream (a hot spare taking a slot over).

@@ -18,14 +18,27 @@ TrainStep = Callable[[Params, Any, jax.Array, jax.Array], tuple[Params, Any, Met
 
 
 def make_schedule(cfg: InnerConfig, schedule_steps: int) -> optax.Schedule:
-    """Linear warm-up to lr, then cosine decay to lr * min_lr_ratio at schedule_steps."""
+    """Linear warm-up to lr, then down to lr * min_lr_ratio at schedule_steps: a cosine decay over
+    the rest (`cosine`), or lr held until the last `decay_fraction` of the steps decays linearly (`wsd`)."""
     warmup = min(cfg.warmup_steps, max(schedule_steps - 1, 0))
+    end = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "wsd":
+        decay = min(max(round(schedule_steps * cfg.decay_fraction), 1), max(schedule_steps - warmup, 1))
+        stable = schedule_steps - warmup - decay
+        return optax.join_schedules(
+            [
+                optax.linear_schedule(0.0, cfg.lr, warmup),
+                optax.constant_schedule(cfg.lr),
+                optax.linear_schedule(cfg.lr, end, decay),
+            ],
+            boundaries=[warmup, warmup + max(stable, 0)],
+        )
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=cfg.lr,
         warmup_steps=warmup,
         decay_steps=max(schedule_steps, warmup + 1),
-        end_value=cfg.lr * cfg.min_lr_ratio,
+        end_value=end,
     )
 
 
@@ -51,14 +64,34 @@ def cross_entropy(graphdef: nnx.GraphDef, params: Params, x_BxT: jax.Array, y_Bx
     return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, y_BxT).mean()
 
 
+def objective(
+    graphdef: nnx.GraphDef, params: Params, x_BxT: jax.Array, y_BxT: jax.Array, z_loss: float
+) -> tuple[jax.Array, jax.Array]:
+    """What the inner step minimises, and the cross-entropy in it: the cross-entropy plus
+    z_loss * mean(logsumexp(logits)^2) (`inner.z_loss`)."""
+    if not z_loss:
+        loss = cross_entropy(graphdef, params, x_BxT, y_BxT)
+        return loss, loss
+    logits_BxTxV = apply_model(graphdef, params, x_BxT).astype(jnp.float32)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, y_BxT).mean()
+    z_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+    return loss + z_loss * jnp.mean(z_BxT**2), loss
+
+
 def make_train_step(
-    graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, shardings: tuple[Any, Any, Any, Any] | None = None
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    shardings: tuple[Any, Any, Any, Any] | None = None,
+    z_loss: float = 0.0,
 ) -> TrainStep:
     """The jitted inner step. `shardings`, for a learner on several devices: the layouts of the parameters,
-    the optimizer state, a batch, and replicated values; the step keeps the state where it is."""
+    the optimizer state, a batch, and replicated values; the step keeps the state where it is. Its
+    `loss` is the cross-entropy, whatever `z_loss` adds to what it minimises."""
 
     def train_step(params: Params, opt_state: Any, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[Params, Any, Metrics]:
-        loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
+        (_, loss), grads = jax.value_and_grad(objective, argnums=1, has_aux=True)(
+            graphdef, params, x_BxT, y_BxT, z_loss
+        )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -78,11 +111,13 @@ def make_train_step(
 GradStep = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params, jax.Array]]
 
 
-def make_grad_step(graphdef: nnx.GraphDef) -> GradStep:
-    """Loss, gradient and gradient norm without an update (data-parallel: the update is global)."""
+def make_grad_step(graphdef: nnx.GraphDef, z_loss: float = 0.0) -> GradStep:
+    """Loss (the cross-entropy), gradient and gradient norm without an update (data-parallel: the update is global)."""
 
     def grad_step(params: Params, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[jax.Array, Params, jax.Array]:
-        loss, grads = jax.value_and_grad(lambda p: cross_entropy(graphdef, p, x_BxT, y_BxT))(params)
+        (_, loss), grads = jax.value_and_grad(objective, argnums=1, has_aux=True)(
+            graphdef, params, x_BxT, y_BxT, z_loss
+        )
         return loss, grads, optax.tree.norm(grads)
 
     return jax.jit(grad_step)

@@ -135,5 +135,13 @@ def _residual_bytes(model_json: str, seq: int, float_bytes: int | None) -> int:
 
 def activation_bytes(model: ModelConfig, seq: int, float_bytes: int | None = CPU_FLOAT_BYTES) -> int:
     """Bytes one sequence of `seq` tokens keeps for the backward pass (a batch keeps batch times as
-    much: every activation is per example). `float_bytes`: the least bytes a float takes."""
-    return _residual_bytes(model.model_dump_json(), seq, float_bytes)
+    much: every activation is per example). `float_bytes`: the least bytes a float takes.
+
+    With `model.remat=block` the forward pass keeps each block's input only, and the backward pass
+    holds one recomputed block's activations at a time: a one-block model's (its embeddings and
+    logits too) are a generous bound on those."""
+    saved = _residual_bytes(model.model_dump_json(), seq, float_bytes)
+    if model.remat == "block":
+        one_block = model.model_copy(update={"num_layers": 1, "remat": "none"})
+        saved += _residual_bytes(one_block.model_dump_json(), seq, float_bytes)
+    return saved

@@ -129,6 +129,11 @@ class Block(nnx.Module):
         return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
 
 
+def _run_block(block: Block, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
+    """One block's forward: under `model.remat=block`, recomputed in the backward pass from its input."""
+    return block(x_BxTxD, positions_T)
+
+
 def _residual_init(cfg: ModelConfig) -> Any:
     return nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
 
@@ -141,6 +146,7 @@ class Transformer(nnx.Module):
             None if llama else nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
         )
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.remat = cfg.remat == "block"
         norm = nnx.RMSNorm if llama else nnx.LayerNorm
         self.norm_out = norm(cfg.width, dtype=dtype, rngs=rngs)
         self.head = (
@@ -155,8 +161,9 @@ class Transformer(nnx.Module):
         x_BxTxD = self.embed(tokens_BxT)
         if self.pos_embed is not None:
             x_BxTxD = x_BxTxD + self.pos_embed(positions_T)[None]
+        run = nnx.remat(_run_block) if self.remat else _run_block
         for block in self.blocks:
-            x_BxTxD = block(x_BxTxD, positions_T)
+            x_BxTxD = run(block, x_BxTxD, positions_T)
         # The output layer in float32 whatever the compute dtype: with a large vocabulary, bfloat16 logits
         # (about 3 significant digits) would add noise to the loss.
         x_BxTxD = self.norm_out(x_BxTxD).astype(jnp.float32)

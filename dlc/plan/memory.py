@@ -146,4 +146,5 @@ def check_fits(recipe: Recipe, available: int | None = None) -> Footprint:
         "or model.context_len, "
         "learners.batch_size, learners.seq_len or learners.count, eval.batches or eval.batch_size, "
         "or syncer.codec_block_values"
+        + ("; or set model.remat=block (activations recomputed)" if model.remat == "none" else "")
     )

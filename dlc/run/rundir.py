@@ -56,6 +56,8 @@ from dlc.run.storage import MARKER_FILE, RunStorage, is_url, local_dir_of
 _STATE_SHAPING = ("model", "data", "learners")
 # Learner settings that say where a learner runs, not what it holds: free to change on resume.
 _PLACEMENT_KEYS = frozenset({"placement", "resources", "label_selector", "num_cpus", "num_gpus", "accelerator_type"})
+# Model settings that say how the step is computed, not what the state holds: free to change on resume.
+_COMPUTE_KEYS = frozenset({"remat"})
 _FILES = (RECIPE_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, TRACKERS_FILE)  # what the driver writes
 _DIRS = (CHECKPOINT_DIR, TENSORBOARD_DIR, WANDB_DIR, MLFLOW_DIR)  # and the directories it keeps
 _STEP = re.compile(r"^\d+$")  # orbax names a checkpoint by its step
@@ -417,7 +419,11 @@ def _check_same_run(path: Path, recipe: Recipe, saved_text: str | None = None) -
 
 
 def _without_placement(recipe: dict[str, Any]) -> dict[str, Any]:
-    """The recipe without the learner settings that only say where learners run."""
+    """The recipe without the learner settings that only say where learners run, nor the model
+    settings that only say how its step is computed."""
+    model = recipe.get("model")
+    if isinstance(model, dict):
+        recipe = {**recipe, "model": {k: v for k, v in model.items() if k not in _COMPUTE_KEYS}}
     learners = recipe.get("learners")
     if not isinstance(learners, dict):
         return recipe

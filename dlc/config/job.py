@@ -86,6 +86,25 @@ class CheckpointConfig(Section):
     keep: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
 
 
+class ProfileConfig(Section):
+    learners: list[int] = Field(
+        [], description="Learners whose steps are traced with JAX's profiler (e.g. [0]); [] (the default): none."
+    )
+    steps: list[int] = Field(
+        [10, 20],
+        description="[first, last]: trace each listed learner from the start of its step `first` to the end of "
+        "step `last`, into RUN/profile/learner-<i>/ (TensorBoard's profile plugin, and Perfetto: "
+        "perfetto_trace.json.gz).",
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _a_range(cls, value: list[int]) -> list[int]:
+        if len(value) != 2 or not 0 <= value[0] <= value[1]:
+            raise ValueError(f"profile.steps={value} is not [first, last] with 0 <= first <= last: e.g. [100, 110]")
+        return value
+
+
 class EvalConfig(Section):
     every_steps: int = Field(200, ge=1, description="Steps between evaluations on the held-out split.")
     batches: int = Field(8, ge=1, description="Batches per evaluation (fixed windows of the held-out split).")

@@ -14,7 +14,15 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from dlc.config.algorithms import ALGORITHM_DESCRIPTION, AlgorithmName
-from dlc.config.job import CheckpointConfig, ClusterConfig, EvalConfig, RunConfig, TrackerName, TrackingConfig
+from dlc.config.job import (
+    CheckpointConfig,
+    ClusterConfig,
+    EvalConfig,
+    ProfileConfig,
+    RunConfig,
+    TrackerName,
+    TrackingConfig,
+)
 from dlc.config.learners import LearnersConfig
 from dlc.config.section import Section
 from dlc.config.sync import BlockingConfig, SyncerConfig
@@ -42,6 +50,9 @@ class Recipe(Section):
     )
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="Experiment trackers (the recipe's track list)."
+    )
+    profile: ProfileConfig = Field(
+        default_factory=ProfileConfig, description="JAX profiler traces of a few learner steps."
     )
 
     @field_validator("track", mode="before")
@@ -71,6 +82,12 @@ class Recipe(Section):
                 f"data.block_bytes={block} is shorter than one training window (learners.seq_len="
                 f"{self.learners.seq_len} bytes plus the byte it predicts): raise data.block_bytes to at least "
                 f"{self.learners.seq_len + 1} or shorten learners.seq_len"
+            )
+        outside = [i for i in self.profile.learners if not 0 <= i < self.learners.count]
+        if outside:
+            raise ValueError(
+                f"profile.learners lists {outside}, but learners.count={self.learners.count}: "
+                f"indices run from 0 to {self.learners.count - 1}"
             )
         for o in self.learners.overrides:
             if o.index >= self.learners.count:

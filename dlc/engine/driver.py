@@ -311,6 +311,9 @@ class Driver:
     def _absorb_learner(self, index: int, result: dict[str, Any]) -> None:
         for event in result["events"]:
             self.rundir.event(**event)
+            if event["kind"] == "profile_written":
+                first, last = event["steps"]
+                self.view.message(f"learner {index}: profile of steps {first}-{last} in {event['dir']}")
         for metric in result["metrics"]:
             self._metric(**metric)
 

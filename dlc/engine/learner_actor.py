@@ -13,10 +13,12 @@ of its state for and from a peer (`state_copy`), and its measured and chaos-slow
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import traceback
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +28,7 @@ import ray
 from dlc.algo.decoupled.messages import SEQ_STRIDE
 from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap, release_freed_memory
+from dlc.core.profiler import StepProfiler
 from dlc.engine.cluster import node_info
 from dlc.engine.learner_checkpoints import LearnerCheckpoints
 from dlc.engine.learner_pace import Slowdown, Throughput
@@ -34,7 +37,8 @@ from dlc.engine.learner_startup import Startup
 from dlc.engine.state_copy import StateCopy
 from dlc.engine.uplinks import uplink_for
 from dlc.errors import UserError
-from dlc.run.storage import RunStorage, describe
+from dlc.run.files import PROFILE_DIR
+from dlc.run.storage import RunStorage, describe, local_dir_of
 
 
 class LearnerWorker:
@@ -195,6 +199,22 @@ class LearnerWorker:
             if self._try_connect():
                 self.sync.reconnect(self.link.push)
 
+    def _profiler(self) -> StepProfiler | None:
+        """This learner's profiler, if the recipe's profile section lists it: it writes into the run
+        directory (on a node where run.dir is a URL, into the run's local directory there)."""
+        profile = self.recipe.profile
+        if self.index not in profile.learners:
+            return None
+        if self.storage.is_url:
+            root = local_dir_of(self.storage.location, self.recipe.run.local_dir).resolve()
+        else:
+            root = Path(str(self.storage.root))
+        return StepProfiler(root / PROFILE_DIR / f"learner-{self.index}", *profile.steps)
+
+    def _traced(self, profiler: StepProfiler) -> dict[str, Any]:
+        steps = [profiler.first, min(profiler.last, self.learner.step)]
+        return {"kind": "profile_written", "learner": self.index, "steps": steps, "dir": str(profiler.directory)}
+
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
         max_steps = recipe.run.max_steps
@@ -202,10 +222,14 @@ class LearnerWorker:
         self.startup.join()
         if self.error:
             return
+        profiler = self._profiler()
         try:
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
+                traced = profiler is not None and profiler.tick(learner.step)
                 started, waited = time.monotonic(), self.sync.waiting_s
                 events = self.sync.step(self._stop)
+                if traced:
+                    events.append(self._traced(profiler))
                 self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
                 copying = time.monotonic()
                 if self._serve_copies():
@@ -232,10 +256,16 @@ class LearnerWorker:
                 self.reports.add(events)
                 self.reports.log(self.index, learner.take_records, meter.rate)
             learner.flush()
+            if profiler is not None and (profiler.tick(learner.step) or profiler.close()):
+                self.reports.add([self._traced(profiler)])  # the run ended at or inside the traced steps
             self.reports.log(self.index, learner.take_records, meter.rate)
             self.state = "finished"
         except Exception:  # reported to the driver, which fails the run with this text
-            self._fail(traceback.format_exc())
+            error = traceback.format_exc()
+            if profiler is not None:
+                with contextlib.suppress(Exception):  # the learner's own error is what the driver must see
+                    profiler.close()
+            self._fail(error)
 
     def poll(self) -> dict[str, Any]:
         if self.backend_error:

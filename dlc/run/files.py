@@ -31,6 +31,7 @@ WANDB_DIR = "wandb"  # W&B's files for each start of the run (track: [wandb])
 MLFLOW_DIR = "mlflow"  # the default MLflow store (track: [mlflow]): an SQLite database and the artifacts
 MLFLOW_DB = "mlflow.db"  # ... the database, in MLFLOW_DIR
 MLFLOW_ARTIFACTS = "artifacts"  # ... the artifacts, in MLFLOW_DIR
+PROFILE_DIR = "profile"  # JAX profiler traces, one directory per learner (the recipe's profile section)
 TRACKERS_FILE = "trackers.json"  # the tracker runs this run logs to, so that a resume goes on in them
 
 # Learner states as status.json reports them.

@@ -40,6 +40,7 @@ from dlc.run.files import (
     EVENTS_FILE,
     METRICS_FILE,
     MLFLOW_DIR,
+    PROFILE_DIR,
     RECIPE_FILE,
     STATUS_FILE,
     SUMMARY_FILE,
@@ -59,7 +60,7 @@ _PLACEMENT_KEYS = frozenset({"placement", "resources", "label_selector", "num_cp
 # Model settings that say how the step is computed, not what the state holds: free to change on resume.
 _COMPUTE_KEYS = frozenset({"remat"})
 _FILES = (RECIPE_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, TRACKERS_FILE)  # what the driver writes
-_DIRS = (CHECKPOINT_DIR, TENSORBOARD_DIR, WANDB_DIR, MLFLOW_DIR)  # and the directories it keeps
+_DIRS = (CHECKPOINT_DIR, TENSORBOARD_DIR, WANDB_DIR, MLFLOW_DIR, PROFILE_DIR)  # and the directories it keeps
 _STEP = re.compile(r"^\d+$")  # orbax names a checkpoint by its step
 _EARLY_MAX = 10_000  # records kept for an observer that has not come yet (the start's are a few dozen)
 

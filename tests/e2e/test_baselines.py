@@ -37,6 +37,8 @@ def test_dp_steps_together_and_learns(tmp_path):
         f"run.max_steps={steps}",
         "learners.latency_ms=25",
         f"run.compile_cache_dir={tmp_path}/xla",
+        "profile.learners=[1]",  # a JAX profiler trace of learner 1's steps 5 to 8
+        "profile.steps=[5,8]",
     )
     assert summary["status"] == "completed"
     assert summary["eval_loss_final"] < 0.65 * summary["eval_loss_initial"]
@@ -53,6 +55,10 @@ def test_dp_steps_together_and_learns(tmp_path):
     # compiled from the cache (having waited for it, or come after it).
     training = [e for e in events if e["kind"] == "learner_training"]
     assert sorted(e["compiled_from"] for e in training) == ["cache", "xla"]
+    (traced,) = [e for e in events if e["kind"] == "profile_written"]
+    assert traced["learner"] == 1 and traced["steps"] == [5, 8] and traced["dir"] == str(run_dir / "profile/learner-1")
+    (trace,) = (run_dir / "profile" / "learner-1" / "plugins" / "profile").glob("*/perfetto_trace.json.gz")
+    assert trace.stat().st_size > 0 and list(trace.parent.glob("*.xplane.pb"))  # Perfetto's, and TensorBoard's
 
 
 def test_blocking_diloco_syncs_every_h_steps_and_learns(tmp_path):

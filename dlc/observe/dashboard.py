@@ -113,6 +113,8 @@ def _header(snap: dict[str, Any]) -> Panel:
         f"tokens {snap['tokens']:,}",
     ]
     first += [] if rate is None else [f"{rate:,.0f} tok/s"]
+    # Model FLOPs utilisation where the devices' peak is known (never on a CPU: unknown, not a guess).
+    first += [] if snap.get("mfu") is None else [f"MFU {snap['mfu']:.1%}"]
     first += [] if snap.get("eta_s") is None else [f"ETA {fmt_duration(snap['eta_s'])}"]
     second = [
         f"eval loss {fmt_float(snap.get('eval_loss'))}" + ("" if initial is None else f" (from {initial:.3f})"),
@@ -126,6 +128,10 @@ def _header(snap: dict[str, Any]) -> Panel:
     third = [] if not snap.get("devices") else [f"devices {snap['devices']}"]
     body = Fit(lambda width: Text("\n".join(_flow(first, width) + _flow(second, width) + _flow(third, width))))
     return Panel(body, title=title, title_align="left", subtitle=snap["run_dir"], subtitle_align="right")
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _flow(items: list[str], width: int, gap: str = "   ") -> list[str]:
@@ -148,7 +154,8 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
     with_node = len({row.get("node") for row in snap["learners"] if row.get("node")}) > 1
     columns = ("id", "state", "step", "tokens", "tok/s", "loss", "last push", "stale", "restarts", "rejected")
     columns += ("device",) if with_device else ()
-    extra = (*(["goodput"] if with_goodput else []), *(["node"] if with_node else []))
+    with_mfu = any(row.get("mfu") is not None for row in snap["learners"])
+    extra = (*(["goodput"] if with_goodput else []), *(["mfu"] if with_mfu else []), *(["node"] if with_node else []))
     for name in (*columns, *extra):
         # The state is what a glance looks for: never cut it.
         width = max(len(name), 10) if name == "state" else len(name)
@@ -168,6 +175,7 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
             str(row["rejected"]),
             *([short_device(row.get("device"))] if with_device else []),
             *(["-" if goodput is None else f"{goodput:.1%}"] if with_goodput else []),
+            *([_percent(row.get("mfu"))] if with_mfu else []),
             *([row.get("node") or "-"] if with_node else []),
         )
     for row in snap.get("spares", []):

@@ -12,6 +12,7 @@ from typing import Any
 
 from dlc.config.budget import Budget
 from dlc.config.schema import Recipe
+from dlc.plan.mfu import flops_per_token, mfu, peak_flops
 from dlc.run.files import HEALTHY_STATES
 
 RATE_WINDOW_S = 10.0  # steps/s for the ETA are measured over this much recent time
@@ -61,6 +62,7 @@ class Snapshots:
         from dlc.core.abstract import param_count  # JAX: the driver's, not a reader's
 
         self.params = param_count(recipe.model)
+        self.flops_per_token = flops_per_token(recipe.model, recipe.learners.seq_len)
         self._rates: list[tuple[float, int, float]] = []
         self._phases: dict[Any, tuple[tuple[Any, Any], float]] = {}  # row id -> (state, phase), since when
 
@@ -73,7 +75,12 @@ class Snapshots:
         steps_per_s = (step - s0) / (now - t0) if now > t0 else 0.0
         ages = view.syncer.get("last_push_age_s", {})
         learners = [
-            {**v, "last_push_age_s": ages.get(str(v["id"])), "rejected": view.rejected.get(v["id"], 0)}
+            {
+                **v,
+                "last_push_age_s": ages.get(str(v["id"])),
+                "rejected": view.rejected.get(v["id"], 0),
+                "mfu": self._mfu(v, v.get("tokens_per_s") or 0.0),
+            }
             for v in view.learners
         ]
         losses = [v["loss"] for v in learners if v.get("loss") is not None]
@@ -90,6 +97,7 @@ class Snapshots:
             "step": round(step, 1),
             "tokens": tokens,
             "tokens_per_s": round(tokens_per_s, 1),
+            "mfu": self._run_mfu([v for v in learners if v["state"] in HEALTHY_STATES], "tokens_per_s"),
             "train_loss": sum(losses) / len(losses) if losses else None,
             "eval_loss": view.eval_loss,
             "eval_bpb": view.eval_bpb,
@@ -100,6 +108,23 @@ class Snapshots:
             "goodput": view.goodput["goodput"],
             "badput": view.goodput["badput"],
         }
+
+    def _peak(self, row: dict[str, Any]) -> float | None:
+        """The peak FLOP/s of a learner's devices, or None (a CPU, a device the table lacks)."""
+        peak = peak_flops(row.get("device"), self.recipe.model.compute_dtype)
+        return None if peak is None else peak * self.recipe.learners.resolved(row["id"]).devices
+
+    def _mfu(self, row: dict[str, Any], tokens_per_s: float) -> float | None:
+        value = mfu(tokens_per_s, self.flops_per_token, self._peak(row))
+        return None if value is None else round(value, 4)
+
+    def _run_mfu(self, rows: list[dict[str, Any]], rate: str) -> float | None:
+        """The model FLOPs of `rows`' learners over their devices' peak, counting those on a device of
+        known peak; None if none is."""
+        known = [(row.get(rate) or 0.0, peak) for row in rows if (peak := self._peak(row)) is not None]
+        if not known:
+            return None
+        return round(sum(tps for tps, _ in known) * self.flops_per_token / sum(peak for _, peak in known), 4)
 
     def _timed(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows in a start-up phase, with `phase_s`: how long they have been in it so far (the live
@@ -130,9 +155,13 @@ class Snapshots:
             "eval_bpb_final": view.eval_bpb,
             "learners": [
                 {k: v.get(k) for k in LEARNER_SUMMARY_KEYS}
-                | {"contributed": sync.get("contributed", {}).get(str(v["id"]), 0)}
+                | {
+                    "contributed": sync.get("contributed", {}).get(str(v["id"]), 0),
+                    "mfu": self._mfu(v, v.get("steady_tokens_per_s") or 0.0),
+                }
                 for v in view.learners
             ],
+            "mfu": self._run_mfu(view.learners, "steady_tokens_per_s"),
             **view.goodput,
             "rounds": sync.get("rounds_closed", 0),
             "versions": sync.get("versions", []),

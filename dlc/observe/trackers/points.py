@@ -115,6 +115,7 @@ def status_points(snapshot: dict[str, Any]) -> list[Point]:
     points = [
         *_point("run/tokens", snapshot.get("tokens"), step, MEAN_STEP),
         *_point("run/tokens_per_s", snapshot.get("tokens_per_s"), step, MEAN_STEP),
+        *_point("run/mfu", snapshot.get("mfu"), step, MEAN_STEP),
         *_point("run/train_loss", snapshot.get("train_loss"), step, MEAN_STEP),
         *_point("goodput/goodput", snapshot.get("goodput"), step, MEAN_STEP),
     ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from dlc.config.budget import Budget
 from dlc.config.schema import Recipe
-from dlc.plan.mfu import flops_per_token, mfu, peak_flops
+from dlc.observe.mfu import flops_per_token, mfu, peak_flops
 from dlc.run.files import HEALTHY_STATES
 
 RATE_WINDOW_S = 10.0  # steps/s for the ETA are measured over this much recent time

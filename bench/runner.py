@@ -160,16 +160,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
         return
 
 
-def kill_timings(run_dir: Path) -> list[dict[str, float]]:
-    """Every kill chaos injected in the run, in order: seconds from the injection to each phase
-    after it that was seen (detected, restarted, state_copied, first_push), and the state copy's
-    own seconds (copy_s). A kill whose learner never pushed again has no first_push."""
+def kill_timings(run_dir: Path, fault: str = "kill") -> list[dict[str, float]]:
+    """Every kill (or other `fault`) chaos injected in the run, in order: seconds from the injection to
+    each phase after it that was seen (detected, left, restarted, state_copied, first_push), and the
+    state copy's own seconds (copy_s). A fault whose learner never pushed again has no first_push."""
     from dlc.run.files import CHAOS_FILE, read_jsonl  # a line cut short by a killed process is left out
 
     kills: list[dict[str, float]] = []
     latest: dict[int, dict[str, float]] = {}  # each learner's last injected kill
     for entry in read_jsonl(run_dir / CHAOS_FILE)[0]:
-        if entry.get("fault") != "kill":
+        if entry.get("fault") != fault:
             continue
         learner = entry["learner"]
         if entry["phase"] == "injected":

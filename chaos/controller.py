@@ -192,7 +192,8 @@ class Controller:
             self._record(fault, now, REFUSED, reason)
             return
         victims = {x.id: x.pid for x in _victims(fault, learners)} if fault.kind.is_kill else {}
-        detail = fault.describe() + (f" (pid {pid})" if fault.kind in (FaultKind.KILL, FaultKind.STALL) else "")
+        signalled = (FaultKind.KILL, FaultKind.STALL, FaultKind.PREEMPT)
+        detail = fault.describe() + (f" (pid {pid})" if fault.kind in signalled else "")
         if fault.kind is FaultKind.KILL_NODE:
             detail += ": learners " + ", ".join(f"{j} (pid {p})" for j, p in sorted(victims.items()))
         if self.plan.dry_run:
@@ -240,6 +241,9 @@ class Controller:
             case FaultKind.KILL_NODE:
                 assert learner is not None
                 t.kill_node(learner)
+            case FaultKind.PREEMPT:
+                assert learner is not None and fault.notice_s is not None
+                t.preempt(learner, fault.notice_s)
 
     def _refusal(self, fault: Fault, now: float, learners: list[LearnerInfo]) -> str | None:
         """Why the fault may not fire now, or None."""
@@ -290,6 +294,8 @@ class Controller:
             entry["duration_s"] = fault.duration_s
         if fault.factor is not None:
             entry["factor"] = fault.factor
+        if fault.notice_s is not None:
+            entry["notice_s"] = fault.notice_s
         self.report.counts[phase][fault.kind] += 1
         self.report.entries.append(entry)
         self.target.record(entry)

@@ -37,6 +37,12 @@ class FaultKind(Enum):
         "SIGKILL every learner process on the named learner's node at once (a lost node); the engine restarts "
         "them and they copy state from healthy peers.",
     )
+    PREEMPT = (
+        "preempt",
+        "SIGTERM the learner's process (a preemption notice, sent on its node by the run's agent there), then "
+        "SIGKILL after notice_s from a detached timer if it has not left: the learner pushes the progress it has "
+        "not pushed, checkpoints and leaves, and a new process (or a hot spare) takes its slot.",
+    )
 
     def __new__(cls, value: str, mechanism: str) -> FaultKind:
         member = object.__new__(cls)
@@ -55,6 +61,7 @@ class FaultKind(Enum):
             FaultKind.DEGRADE_LINK,
             FaultKind.CUT_LINK,
             FaultKind.KILL_NODE,
+            FaultKind.PREEMPT,
         )
 
     @property
@@ -73,12 +80,12 @@ class FaultKind(Enum):
 
         A degraded or cut link does not: the learner keeps training and its pushes arrive late.
         """
-        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.LEAVE, FaultKind.KILL_NODE)
+        return self in (FaultKind.KILL, FaultKind.STALL, FaultKind.LEAVE, FaultKind.KILL_NODE, FaultKind.PREEMPT)
 
     @property
     def is_kill(self) -> bool:
-        """Whether it kills learner processes, which are in flight until they train again in new ones."""
-        return self in (FaultKind.KILL, FaultKind.KILL_NODE)
+        """Whether it ends learner processes, which are in flight until they train again in new ones."""
+        return self in (FaultKind.KILL, FaultKind.KILL_NODE, FaultKind.PREEMPT)
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ class Fault:
     """One fault to inject ``at_s`` seconds after the chaos clock started.
 
     ``duration_s`` is None for faults without one, and for a slow-down or a join that lasts until the
-    run ends. ``factor`` is a slow-down's or a link degradation's, None for the other kinds. ``origin``
+    run ends. ``factor`` is a slow-down's or a link degradation's, None for the other kinds. ``notice_s`` is a
+    preemption's notice (SIGTERM to SIGKILL), None for the other kinds. ``origin``
     says where it came from: "timeline" (the plan named it) or "poisson" (drawn).
     """
 
@@ -96,6 +104,7 @@ class Fault:
     duration_s: float | None = None
     factor: float | None = None
     origin: str = "timeline"
+    notice_s: float | None = None
 
     @property
     def target_name(self) -> str:
@@ -129,3 +138,5 @@ class Fault:
                 return f"link bandwidth /{self.factor:g}, latency x{self.factor:g} {lasting}"
             case FaultKind.CUT_LINK:
                 return f"link cut {lasting}, messages held until it returns"
+            case FaultKind.PREEMPT:
+                return f"SIGTERM, SIGKILL after {self.notice_s:g} s unless it has left"

@@ -31,6 +31,8 @@ _ALIASES = {
     "degrade_link_rate": "degrade_link_per_learner_per_min",
     "cut_link_rate": "cut_link_per_learner_per_min",
     "kill_node_rate": "kill_node_per_min",
+    "preempt_rate": "preempt_per_learner_per_min",
+    "notice": "preempt_notice_s",
     "link_factor": "degrade_link_factor",
     "stall_for": "stall_for_s",
     "slow_for": "slow_for_s",
@@ -54,13 +56,14 @@ class TimelineEntry(BaseModel):
 
     at_s: float = Field(..., ge=0, description="When to inject it, in seconds after the chaos clock starts.")
     fault: FaultKind = Field(
-        ..., description="kill, stall, slow, join, leave, kill_syncer, degrade_link, cut_link or kill_node."
+        ...,
+        description="kill, stall, slow, join, leave, kill_syncer, degrade_link, cut_link, kill_node or preempt.",
     )
     learner: int | None = Field(
         None,
         ge=0,
-        description="Which learner (0-based); required for kill, stall, slow, leave, degrade_link and cut_link, "
-        "and for kill_node (every learner on that learner's node), absent otherwise.",
+        description="Which learner (0-based); required for kill, stall, slow, leave, degrade_link, cut_link and "
+        "preempt, and for kill_node (every learner on that learner's node), absent otherwise.",
     )
     duration_s: float | None = Field(
         None,
@@ -76,6 +79,12 @@ class TimelineEntry(BaseModel):
         gt=1,
         description="slow: step-time multiplier; degrade_link: bandwidth divisor and latency multiplier. Default: "
         "the plan's slow_factor, degrade_link_factor.",
+    )
+    notice_s: float | None = Field(
+        None,
+        gt=0,
+        description="preempt: seconds from its SIGTERM to the SIGKILL that ends the learner if it has not left. "
+        "Default: the plan's preempt_notice_s.",
     )
 
     @field_validator("fault", mode="before")
@@ -111,6 +120,8 @@ class TimelineEntry(BaseModel):
             raise ValueError(f"duration_s={self.duration_s:g} and until_end: true contradict each other: keep one")
         if self.factor is not None and self.fault not in (FaultKind.SLOW, FaultKind.DEGRADE_LINK):
             raise ValueError(f"factor is for slow or degrade_link, not {kind}: remove factor: {self.factor:g}")
+        if self.notice_s is not None and self.fault is not FaultKind.PREEMPT:
+            raise ValueError(f"notice_s is for preempt, not {kind}: remove notice_s: {self.notice_s:g}")
         return self
 
 
@@ -184,6 +195,17 @@ class Plan(BaseModel):
         description="Poisson rate of lost nodes (every learner on one node killed at once), per minute for the "
         "whole run; each names the node of a learner drawn at random.",
     )
+    preempt_per_learner_per_min: float = Field(
+        0.0,
+        ge=0,
+        description="Poisson rate of preemptions (SIGTERM, then SIGKILL after the notice), per learner per minute.",
+    )
+    preempt_notice_s: float = Field(
+        30.0,
+        gt=0,
+        description="A preemption's notice: seconds from its SIGTERM to the SIGKILL that ends a learner that has not "
+        "left by then (spot VMs get 30-120 s, Kubernetes' default grace period is 30 s).",
+    )
     timeline: list[TimelineEntry] = Field(
         default_factory=list, description="Faults at fixed times, each like {at_s: 30, fault: kill, learner: 2}."
     )
@@ -219,6 +241,7 @@ class Plan(BaseModel):
             FaultKind.DEGRADE_LINK: self.degrade_link_per_learner_per_min,
             FaultKind.CUT_LINK: self.cut_link_per_learner_per_min,
             FaultKind.KILL_NODE: self.kill_node_per_min,
+            FaultKind.PREEMPT: self.preempt_per_learner_per_min,
         }[kind]
 
     def default_duration_s(self, kind: FaultKind) -> float | None:
@@ -234,11 +257,16 @@ class Plan(BaseModel):
         """The factor of a kind that takes one (slow, degrade_link); None for the others."""
         return {FaultKind.SLOW: self.slow_factor, FaultKind.DEGRADE_LINK: self.degrade_link_factor}.get(kind)
 
+    def default_notice_s(self, kind: FaultKind) -> float | None:
+        """The notice of a kind that gives one (preempt); None for the others."""
+        return self.preempt_notice_s if kind is FaultKind.PREEMPT else None
+
     def fault_of(self, entry: TimelineEntry) -> Fault:
         """A timeline entry with the plan's defaults filled in."""
         duration = None if entry.until_end else (entry.duration_s or self.default_duration_s(entry.fault))
         factor = entry.factor or self.default_factor(entry.fault)
-        return Fault(entry.at_s, entry.fault, entry.learner, duration, factor, origin="timeline")
+        notice = entry.notice_s or self.default_notice_s(entry.fault)
+        return Fault(entry.at_s, entry.fault, entry.learner, duration, factor, origin="timeline", notice_s=notice)
 
     def is_empty(self) -> bool:
         return not self.timeline and not any(self.rate_per_min(k) for k in FaultKind)
@@ -266,6 +294,7 @@ class Plan(BaseModel):
                     FaultKind.JOIN: f" for {self.join_for_s:g} s",
                     FaultKind.DEGRADE_LINK: f" x{self.degrade_link_factor:g} for {self.degrade_link_for_s:g} s",
                     FaultKind.CUT_LINK: f" for {self.cut_link_for_s:g} s",
+                    FaultKind.PREEMPT: f" with {self.preempt_notice_s:g} s notice",
                 }.get(kind, "")
                 parts.append(f"{kind.value} {rate:g}{per}{extra}")
         if self.timeline:

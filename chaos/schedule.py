@@ -57,13 +57,14 @@ def _poisson(
     """
     duration = plan.default_duration_s(kind)
     factor = plan.default_factor(kind)
+    notice = plan.default_notice_s(kind)
     t = plan.warmup_s
     while True:
         t += rng.expovariate(rate_per_s)
         if plan.duration_s is not None and t > plan.duration_s:
             return
         target = rng.choice(draw) if draw else learner
-        yield Fault(round(t, 3), kind, target, duration, factor, origin="poisson")
+        yield Fault(round(t, 3), kind, target, duration, factor, origin="poisson", notice_s=notice)
 
 
 def faults_until(plan: Plan, learner_ids: Sequence[int], rng: random.Random, horizon_s: float) -> list[Fault]:

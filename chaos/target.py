@@ -36,6 +36,26 @@ except ProcessLookupError:
     pass
 """
 
+# A preemption's deadline, in a process of its own for the same reason: SIGKILL after the notice,
+# unless the victim has left by then (or its pid now names a process that is not the one it started
+# as: the victim's own start time is compared, so a pid reused meanwhile is never killed).
+_KILL_TIMER = """\
+import os, signal, sys, time
+def started(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+pid, first = int(sys.argv[1]), started(int(sys.argv[1]))
+time.sleep(float(sys.argv[2]))
+if first is None or started(pid) == first:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
 
 @dataclass(frozen=True)
 class LearnerInfo:
@@ -66,6 +86,7 @@ class Target(Protocol):
     def kill_node(self, learner: int) -> None: ...  # every learner on `learner`'s node
     def degrade_link(self, learner: int, factor: float, seconds: float) -> None: ...  # bandwidth / factor, latency x
     def cut_link(self, learner: int, seconds: float) -> None: ...
+    def preempt(self, learner: int, notice_s: float) -> None: ...  # SIGTERM, SIGKILL after notice_s
     def record(self, entry: dict[str, Any]) -> None: ...  # one chaos.jsonl line
 
 
@@ -74,7 +95,7 @@ class TargetError(Exception):
 
 
 class ProcessSignals:
-    """SIGKILL, and SIGSTOP with a detached SIGCONT timer, sent by pid."""
+    """SIGKILL, SIGSTOP with a detached SIGCONT timer, and SIGTERM with a detached SIGKILL timer, sent by pid."""
 
     def __init__(self, send: Callable[[int, int], None] = os.kill) -> None:
         self._send = send
@@ -94,11 +115,24 @@ class ProcessSignals:
         self._signal(pid, signal.SIGSTOP)
         return timer
 
+    def preempt(self, pid: int, notice_s: float) -> subprocess.Popen[bytes]:
+        """A preemption notice: SIGTERM ``pid`` now, SIGKILL it after ``notice_s`` if it still runs; returns
+        the timer process that will send the SIGKILL (it starts first, as a stall's does)."""
+        if not notice_s > 0:
+            raise ValueError(f"a preemption needs a positive notice, got {notice_s!r}")
+        self._signal(pid, 0)
+        timer = self._timer(_KILL_TIMER, pid, notice_s, "preempt")
+        self._signal(pid, signal.SIGTERM)
+        return timer
+
     def resume_after(self, pid: int, seconds: float) -> subprocess.Popen[bytes]:
         """A process in its own session that sleeps ``seconds`` and then sends SIGCONT to ``pid``."""
+        return self._timer(_RESUME_TIMER, pid, seconds, "stall")
+
+    def _timer(self, program: str, pid: int, seconds: float, name: str) -> subprocess.Popen[bytes]:
         _check_pid(pid)
         timer = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _RESUME_TIMER, str(pid), repr(float(seconds))],
+            [sys.executable, "-I", "-S", "-c", program, str(pid), repr(float(seconds))],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -106,7 +140,7 @@ class ProcessSignals:
             close_fds=True,
         )
         # Reap it when it is done, so no zombie (nor a ResourceWarning) outlives it in a long-lived process.
-        threading.Thread(target=timer.wait, name=f"stall-timer-{pid}", daemon=True).start()
+        threading.Thread(target=timer.wait, name=f"{name}-timer-{pid}", daemon=True).start()
         return timer
 
     def resume(self, pid: int) -> None:
@@ -201,6 +235,11 @@ class RunDirTarget:
         if not seconds > 0:
             raise ValueError(f"a stall needs a positive duration, got {seconds!r}")
         self._request("stall", learner=learner, duration_s=seconds, pid=self._info(learner, "pid").pid)
+
+    def preempt(self, learner: int, notice_s: float) -> None:
+        if not notice_s > 0:
+            raise ValueError(f"a preemption needs a positive notice, got {notice_s!r}")
+        self._request("preempt", learner=learner, notice_s=notice_s, pid=self._info(learner, "pid").pid)
 
     def kill_node(self, learner: int) -> None:
         self._request("kill_node", learner=learner, node=self._info(learner, "node").node)

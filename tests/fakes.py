@@ -101,5 +101,8 @@ class FakeTarget:
     def cut_link(self, learner: int, seconds: float) -> None:
         self.calls.append(("cut_link", learner, seconds))
 
+    def preempt(self, learner: int, notice_s: float) -> None:
+        self.calls.append(("preempt", learner, notice_s))
+
     def record(self, entry: dict[str, Any]) -> None:
         self.records.append(entry)

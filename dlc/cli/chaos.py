@@ -30,6 +30,8 @@ OPTION_KEYS = {
     "--link-factor": "degrade_link_factor",
     "--cut-link-rate": "cut_link_per_learner_per_min",
     "--kill-node-rate": "kill_node_per_min",
+    "--preempt-rate": "preempt_per_learner_per_min",
+    "--notice-s": "preempt_notice_s",
     "--seed": "seed",
     "--duration": "duration_s",
     "--warmup": "warmup_s",
@@ -97,6 +99,22 @@ def chaos_command(
             show_default=False,
         ),
     ] = None,
+    preempt_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--preempt-rate",
+            help="Preemptions per learner per minute (Poisson): SIGTERM, then SIGKILL after the notice.",
+            show_default=False,
+        ),
+    ] = None,
+    notice_s: Annotated[
+        float | None,
+        typer.Option(
+            "--notice-s",
+            help="Seconds from a preemption's SIGTERM to its SIGKILL (default: the plan's, else 30)",
+            show_default=False,
+        ),
+    ] = None,
     plan: Annotated[
         Path | None,
         typer.Option(
@@ -142,6 +160,8 @@ def chaos_command(
         "--link-factor": link_factor,
         "--cut-link-rate": cut_link_rate,
         "--kill-node-rate": kill_node_rate,
+        "--preempt-rate": preempt_rate,
+        "--notice-s": notice_s,
         "--seed": seed,
         "--duration": duration,
         "--warmup": warmup,
@@ -157,8 +177,8 @@ def chaos_command(
     loaded = load_plan(plan, overrides, {key: option for option, key in OPTION_KEYS.items()})
     if loaded.is_empty():
         raise UserError(
-            "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate, --cut-link-rate or "
-            "--kill-node-rate, or a --plan"
+            "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate, --cut-link-rate, "
+            "--kill-node-rate or --preempt-rate, or a --plan"
         )
     from dlc.run.files import resolve_run
 

@@ -45,6 +45,14 @@ class NodeAgentWorker:
             return str(exc)
         return None
 
+    def preempt(self, pid: int, notice_s: float) -> str | None:
+        """SIGTERM `pid` (a preemption notice) and start the timer on this node that SIGKILLs it after `notice_s`."""
+        try:
+            self.signals.preempt(pid, notice_s)
+        except TargetError as exc:
+            return str(exc)
+        return None
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -78,7 +86,8 @@ class Agents:
 
 
 class Signals:
-    """The driver's side: carries out chaos's kill, stall, kill_node and kill_syncer requests through the agents.
+    """The driver's side: carries out chaos's kill, stall, preempt, kill_node and kill_syncer requests through the
+    agents.
 
     Nothing here waits on an agent: each tick looks at the answers that came back, and a signal that
     could not be sent is recorded (a `control_ignored` event and a `not_carried_out` outcome).
@@ -119,6 +128,8 @@ class Signals:
             ref = agent.kill.remote([pid])
         elif op == "stall":
             ref = agent.stall.remote(pid, float(request.get("duration_s") or 10.0))
+        elif op == "preempt":
+            ref = agent.preempt.remote(pid, float(request.get("notice_s") or 30.0))
         else:  # kill_node: every live learner on that node, at once
             victims = sorted(j for j, v in live.items() if v.get("node_id") == node and v.get("pid"))
             self.chaos.note_victims("kill_node", victims, float(request.get("t") or time.time()))
@@ -126,7 +137,7 @@ class Signals:
             ref = agent.kill.remote(pids)
             self.rundir.event("node_killed", node_id=node, node=view.get("node"), learners=victims, pids=pids)
         self._calls.append((ref, request, node))
-        self._sent = self._sent or op != "stall"
+        self._sent = self._sent or op not in ("stall", "preempt")
 
     def take_sent(self) -> bool:
         """Whether a kill went out since the last call: its death shows within milliseconds, so the

@@ -41,6 +41,20 @@ TOKEN_HELP = (
 )
 
 
+def draining_nodes() -> dict[str, float | None]:
+    """The nodes Ray is draining (`ray drain-node`, an autoscaler or KubeRay taking a spot node back): node
+    id -> the wall time it goes away, None when no deadline was given. Empty when the GCS cannot say.
+
+    Ray has no public call for it; its GCS client's `get_draining_nodes` (what Ray Serve's safe draining
+    reads) is used, and a Ray without it gives an empty answer rather than failing the run.
+    """
+    try:
+        answer = ray._private.worker.global_worker.gcs_client.get_draining_nodes(timeout=2)
+    except Exception:  # noqa: BLE001 - a private API: any failure means "none known", never a failed run
+        return {}
+    return {str(node): (deadline / 1000.0 if deadline else None) for node, deadline in dict(answer).items()}
+
+
 def start_cluster(cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Join `cfg.address`, or start an embedded single-node cluster on loopback; returns what the run logs.
 

@@ -1,7 +1,7 @@
 """The driver's side of chaos: what `dlc chaos` injected and asked for, and what came of it.
 
 `dlc chaos` (in-process or from another terminal) appends injections to chaos.jsonl and requests
-(kill, stall, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl. Each supervisor
+(kill, stall, preempt, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl. Each supervisor
 tick carries the new requests out (`carry_out`: signals through the agent on the target's node,
 `dlc.engine.agent`; calls of the learners and the syncer for the rest), and the supervisor records
 each fault's observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl (`ChaosLog`).
@@ -49,9 +49,12 @@ class ChaosLog:
             self.injected[(fault, learner)] = t
 
     def death_fault(self, learner: int) -> str:
-        """The fault that killed `learner`, as chaos named it: kill_node if its node was killed last, else kill."""
-        kill, node = self.injected.get(("kill", learner)), self.injected.get(("kill_node", learner))
-        return "kill_node" if node is not None and (kill is None or node >= kill) else "kill"
+        """The fault that ended `learner`'s process, as chaos named it: the latest of kill, kill_node (its node
+        was killed) and preempt (its notice ran out) injected on it; kill when chaos injected none."""
+        # On a tie the first of this order wins: a learner killed with its node was lost with the node.
+        times = {fault: self.injected.get((fault, learner)) for fault in ("kill_node", "preempt", "kill")}
+        known = {fault: t for fault, t in times.items() if t is not None}
+        return max(known, key=lambda fault: known[fault]) if known else "kill"
 
     def since(self, fault: str, learner: int | None) -> float | None:
         t = self.injected.get((fault, learner))
@@ -78,7 +81,7 @@ def carry_out(request: dict[str, Any], supervisor: Supervisor) -> None:
     op, i = request.get("op"), request.get("learner")
     slot = supervisor.slots.get(i) if i is not None else None
     live = supervisor.live()
-    if op in ("kill", "stall", "kill_node", "kill_syncer"):
+    if op in ("kill", "stall", "preempt", "kill_node", "kill_syncer"):
         views = {j: supervisor.slots[j].view for j in live}
         supervisor.signals.carry_out(request, views, supervisor.syncer_pid, supervisor.syncer_node)
     elif op == "slow" and slot is not None and i in live:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 import traceback
@@ -97,6 +98,14 @@ class LearnerWorker:
         self.meter = Throughput()  # its tokens per second, measured by the loop
         self.error: str | None = None
         self._stop = threading.Event()
+        # A preemption notice (SIGTERM, or its node draining): the loop stops, hands its progress over
+        # and the process leaves (`_leave`). `_reported` is set once a poll has carried that out.
+        self.notice: dict[str, Any] | None = None
+        self._reported = threading.Event()
+        self._ending = threading.Lock()  # the loop's end and a notice: one of them decides who leaves
+        self._default_sigterm = signal.getsignal(signal.SIGTERM)
+        if _in_actor() and threading.current_thread() is threading.main_thread():  # where Ray builds one
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         # Seconds the loop stood still for something other than its own protocol: writing
         # checkpoints, and copying its state for a peer at a step boundary (the sync's own
         # waiting is its `waiting_s`). The goodput ledger files them as checkpoint and waiting.
@@ -259,7 +268,12 @@ class LearnerWorker:
             if profiler is not None and (profiler.tick(learner.step) or profiler.close()):
                 self.reports.add([self._traced(profiler)])  # the run ended at or inside the traced steps
             self.reports.log(self.index, learner.take_records, meter.rate)
-            self.state = "finished"
+            with self._ending:  # a notice now finds it finished, and makes it leave itself
+                leave = self.notice is not None
+                if not leave:
+                    self.state = "finished"
+            if leave:
+                self._leave()
         except Exception:  # reported to the driver, which fails the run with this text
             error = traceback.format_exc()
             if profiler is not None:
@@ -273,7 +287,10 @@ class LearnerWorker:
             return {"snapshot": snapshot, "events": [], "metrics": [], "error": self.backend_error}
         with self.reports.lock:
             events, metrics = self.reports.take()
-            return {"snapshot": self.snapshot(), "events": events, "metrics": metrics, "error": self.error}
+            result = {"snapshot": self.snapshot(), "events": events, "metrics": metrics, "error": self.error}
+        if result["snapshot"]["state"] == "preempted":
+            self._reported.set()
+        return result
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -298,6 +315,7 @@ class LearnerWorker:
             "link_queued": self.transport.queued(),
             "link_blocked_s": round(self.transport.blocked_s(), 3),
             "pid": os.getpid(),
+            "notice": self.notice,
             "device": self.device["device"],
             "node_id": self.node["node_id"],
             "node": self.node["ip"],
@@ -383,18 +401,80 @@ class LearnerWorker:
         """Stop the loop, send the progress not yet pushed, checkpoint; returns a final poll."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
-        if self.state != "failed":
-            pushed = self.sync.push_outstanding()
-            self.transport.drain(timeout_s=120)  # pushes still held by an emulated link go out first
-            # The barrier follows the pushes on their channel, or in the syncer's one ordered
-            # concurrency group, so when it returns the syncer holds every push: the driver's
-            # finish() cannot overtake them.
-            self.link.barrier(timeout_s=120)
-            self.reports.add([*pushed, {"kind": "final_push", "learner": self.index, "fragments": len(pushed)}])
-            self.save()
+            self._thread.join()  # a preempted learner's loop hands its progress over before it ends
+        if self.state not in ("failed", "preempted"):
+            self._hand_over(timeout_s=120)
             self.state = "stopped"
         return self.poll()
+
+    def _hand_over(self, timeout_s: float) -> int:
+        """Send the progress not yet pushed, wait until the syncer holds it, checkpoint; returns the pushes."""
+        pushed = self.sync.push_outstanding()
+        self.transport.drain(timeout_s=timeout_s)  # pushes still held by an emulated link go out first
+        # The barrier follows the pushes on their channel, or in the syncer's one ordered concurrency
+        # group, so when it returns the syncer holds every push: the driver's finish() cannot overtake them.
+        self.link.barrier(timeout_s=timeout_s)
+        self.reports.add([*pushed, {"kind": "final_push", "learner": self.index, "fragments": len(pushed)}])
+        self.save()
+        return len(pushed)
+
+    # -- preemption notices --------------------------------------------------------------------
+
+    def give_notice(self, reason: str, deadline: float | None = None) -> bool:
+        """A preemption notice: this process goes away at wall time `deadline` (None: unknown). The loop
+        stops at its next step boundary and the learner leaves (`_leave`; one that finished its steps leaves
+        at once). False if it has not started training, or already has a notice."""
+        with self._ending:
+            if self._thread is None or self.notice is not None or self.state in ("failed", "stopped"):
+                return False
+            self.notice = {"reason": reason, "at": round(time.time(), 3), "deadline": deadline}
+            self._stop.set()
+            finished = self.state == "finished"
+        if finished:  # its loop has ended: nothing else will hand its progress over
+            threading.Thread(target=self._leave_finished, name="leaving", daemon=True).start()
+        return True
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM is a preemption notice to a training learner; anything else (a spare, a learner still
+        starting, a second SIGTERM) ends as Ray ends a worker."""
+        if self.give_notice("SIGTERM"):
+            return
+        if self.notice is None and callable(self._default_sigterm):
+            self._default_sigterm(signum, frame)
+        elif self.notice is None:
+            os._exit(128 + signum)
+
+    def _leave(self) -> None:
+        """Preempted: push every fragment moved since its last push, checkpoint (with its data position),
+        tell the driver (state `preempted`, which starts a replacement elsewhere), and end the process."""
+        notice = self.notice or {}
+        self.state = "leaving"
+        deadline = notice.get("deadline")
+        budget = 120.0 if deadline is None else max(deadline - time.time() - 1.0, 1.0)
+        pushed = self._hand_over(timeout_s=budget)
+        # What the driver's learner_preempted event reports, read from the snapshot with the state (a new
+        # dict: a poll may be reading the old one).
+        self.notice = {**notice, "fragments": pushed, "leave_s": round(time.time() - notice.get("at", time.time()), 3)}
+        self.state = "preempted"
+        threading.Thread(target=self._exit_once_reported, name="leaving", daemon=True).start()
+
+    def _leave_finished(self) -> None:
+        try:
+            self._leave()
+        except Exception:  # reported to the driver, which fails the run with this text
+            self._fail(traceback.format_exc())
+
+    def _exit_once_reported(self) -> None:
+        """The driver kills a preempted learner once a poll has told it; without a driver (its node is going
+        too), the process ends by itself."""
+        self._reported.wait(timeout=10.0)
+        time.sleep(1.0)  # the poll's answer is on its way
+        os._exit(0)
+
+
+def _in_actor() -> bool:
+    """Whether this process is a Ray actor's (a worker driven in-process by a test leaves SIGTERM alone)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 LearnerActor = ray.remote(max_concurrency=4, concurrency_groups={"deliveries": 1})(LearnerWorker)

@@ -86,15 +86,49 @@ class Recoveries:
         self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))
         # Its position in its own stream as last reported (every poll): what it read after that
         # died unpushed with it, so the new process reads it again rather than skipping it.
-        position = int(slot.view.get("data_position") or 0)
-        step = int(slot.view.get("step") or 0)
         self._event(
-            "learner_died", learner=i, step=slot.view.get("step"), pid=slot.view.get("pid"), data_position=position
+            "learner_died",
+            learner=i,
+            step=slot.view.get("step"),
+            pid=slot.view.get("pid"),
+            data_position=int(slot.view.get("data_position") or 0),
         )
-        self.dead_tokens[i] += slot.view.get("tokens", 0)
-        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
         fault = slot.death_fault = self.chaos.death_fault(i)
         self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
+        self._replace(i)
+
+    def _on_preempted(self, i: int) -> None:
+        """Learner `i` left on a preemption notice, its progress pushed and its data position final: not a
+        fault. Its process is ended and replaced, as after a death,
+        by a hot spare or a new process where the cluster has room (Ray places none on a draining node)."""
+        slot = self.slots[i]
+        notice = slot.view.get("notice") or {}
+        ray.kill(slot.handle, no_restart=True)
+        self._event(
+            "learner_preempted",
+            learner=i,
+            step=slot.view.get("step"),
+            pid=slot.view.get("pid"),
+            reason=notice.get("reason"),
+            fragments=notice.get("fragments"),
+            leave_s=notice.get("leave_s"),
+            unpushed_steps=slot.view.get("unpushed_steps", 0.0),
+            data_position=int(slot.view.get("data_position") or 0),
+        )
+        self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))  # none, when it pushed
+        slot.death_fault = "preempt"
+        self.chaos.outcome("preempt", i, "left", after_s=self.chaos.since("preempt", i), leave_s=notice.get("leave_s"))
+        self._replace(i)
+
+    def _replace(self, i: int) -> None:
+        """A new process for learner `i`, whose own one is gone: a ready hot spare, else a new actor; or
+        retire it when no live node can hold it. It goes on from its last reported data position and step."""
+        slot = self.slots[i]
+        position = int(slot.view.get("data_position") or 0)
+        step = int(slot.view.get("step") or 0)
+        self.dead_tokens[i] += slot.view.get("tokens", 0)
+        slot.view = {**slot.view, "tokens": 0, "tokens_per_s": 0.0, "phase": "starting process"}
+        fault = slot.death_fault
         self.syncer.leave.remote(i)
         incarnation = self.restarts[i] + 1
         spare = self.spares.take(i)

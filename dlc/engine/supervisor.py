@@ -24,19 +24,27 @@ import ray
 
 from dlc.config.schema import Recipe
 from dlc.engine.agent import Agents, Signals
+from dlc.engine.cluster import draining_nodes
 from dlc.engine.control import ChaosLog, carry_out
 from dlc.engine.recovery import Recoveries, Recovery
 from dlc.engine.spares import SparePool
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.rundir import RunDir
 
-# Events said on the console as they happen: a death, a stall, and the recovery of each.
+DRAIN_CHECK_S = 2.0  # how often the GCS is asked which nodes are draining
+
+# Events said on the console as they happen: a death, a stall, a preemption, and the recovery of each
+# (a kind/fault key, where there is one, for the event of that fault).
 TOLD = {
     "learner_died": "learner {learner} died at step {step}",
     "learner_stalled": "learner {learner} silent for {silent_s:.1f} s: stalled; the rounds go on without it",
     "learner_thawed": "learner {learner} answers again, after {silent_s:.1f} s of silence",
     "learner_recovered": "learner {learner} back: pushing again {after_s:.1f} s after it died",
+    "learner_recovered/preempt": "learner {learner} back: pushing again {after_s:.1f} s after it left on its notice",
     "learner_lost": "learner {learner} lost: {reason}",
+    "learner_preempted": "learner {learner} preempted ({reason}): pushed {fragments} fragments and left "
+    "{leave_s:.1f} s after its notice; a new process takes its place",
+    "node_draining": "node {node} is draining: learners {learners} leave with their progress",
 }
 
 
@@ -60,7 +68,7 @@ class LearnerSlot:
     poll: Any = None
     recovery: Recovery | None = None
     awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
-    death_fault: str = "kill"  # what chaos called the fault that killed it last: kill or kill_node
+    death_fault: str = "kill"  # what ended its process last, as chaos calls it: kill, kill_node or preempt
     leave_at: float | None = None  # a joined learner retires at this monotonic time
     ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
     # Of the learner's own counters of time its loop was blocked (waiting_s, checkpoint_s) and of
@@ -101,11 +109,13 @@ class Supervisor(Recoveries):
         self.syncer_node = syncer_node  # where the syncer runs: the driver's node
         self.feasible = feasible  # (index) -> None, or why no live node can hold that learner now
         self.syncer_pid: int | None = None  # the driver keeps it current
+        self.drain_checked_at = 0.0
+        self.draining: set[str] = set()  # nodes already seen draining
 
     def _event(self, kind: str, **fields: Any) -> None:
         """Record the event; say the ones a person watching the console wants to see at once."""
         self.rundir.event(kind, **fields)
-        line = TOLD.get(kind)
+        line = TOLD.get(f"{kind}/{fields.get('fault')}") or TOLD.get(kind)
         if line is not None and self.say is not None:
             self.say(_TOLD_FORMAT.format(line, **fields))
 
@@ -176,10 +186,29 @@ class Supervisor(Recoveries):
         self.failure = self.failure or self.spares.failure
         self._advance_recoveries()
         self.signals.check()
+        if now - self.drain_checked_at >= DRAIN_CHECK_S:
+            self.drain_checked_at = now
+            self.notice_draining(draining_nodes())
         for i, slot in self.slots.items():
             if slot.leave_at is not None and now >= slot.leave_at and i in self.live():
                 self.leave(i)
         self.file_time()
+
+    def notice_draining(self, nodes: dict[str, float | None]) -> None:
+        """Give the live learners on each draining node (id -> deadline) a preemption notice: they push their
+        progress and leave, and their replacements start where Ray has room (never on a draining node)."""
+        for node, deadline in nodes.items():
+            if node in self.draining:
+                continue
+            on_node = sorted(i for i in self.live() if self.slots[i].view.get("node_id") == node)
+            if not on_node:
+                continue
+            self.draining.add(node)
+            for i in on_node:
+                self.slots[i].handle.give_notice.remote("node draining", deadline)
+            left = None if deadline is None else round(deadline - time.time(), 1)
+            name = self.slots[on_node[0]].view.get("node") or node[:8]
+            self._event("node_draining", node_id=node, node=name, learners=on_node, deadline_in_s=left)
 
     def catch_up(self, absorb: Any, wait_s: float = 2.0) -> None:
         """After the driver was busy (a syncer restart), refresh every learner's view before the next
@@ -212,7 +241,8 @@ class Supervisor(Recoveries):
                     slot.blocked_filed[counter] = slot.blocked_filed.get(counter, 0.0) + blocked
                     self.ledger.tick(i, blocked_state, blocked)
                     dt -= blocked
-            self.ledger.tick(i, state, dt)
+            # A preempted learner's replacement starting is what the preemption costs, not a death's.
+            self.ledger.tick(i, "preempted" if state == "restarting" and slot.death_fault == "preempt" else state, dt)
             slot.ticked_at = now
         self.spares.file_time(self.ledger, now)
 
@@ -251,6 +281,8 @@ class Supervisor(Recoveries):
                 slot.finished = True
                 self.rundir.event("learner_finished", learner=i, step=slot.view.get("step"))
             absorb(i, result)
+            if slot.view.get("state") == "preempted":  # it left on a notice, its progress pushed
+                self._on_preempted(i)
             if result["error"]:
                 self.failure = f"learner {i} failed:\n{result['error']}"
 
@@ -263,8 +295,8 @@ class Supervisor(Recoveries):
                 continue
             if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
                 after = time.time() - slot.awaiting_first_push
-                self._event("learner_recovered", learner=event["learner"], after_s=round(after, 3))
                 fault = slot.death_fault
+                self._event("learner_recovered", learner=event["learner"], after_s=round(after, 3), fault=fault)
                 self.chaos.outcome(
                     fault, event["learner"], "first_push", after_s=self.chaos.since(fault, event["learner"])
                 )

@@ -33,6 +33,8 @@ STATE_STYLE = {
     "slow": "yellow",
     "stalled": "bold yellow",
     "dead": "bold red",
+    "leaving": "bold magenta",
+    "preempted": "magenta",
     "failed": "red",
     "restarting": "magenta",
     "rejoining": "cyan",

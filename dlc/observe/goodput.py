@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-BUCKETS = ("productive", "startup", "dead", "stalled", "rejoining", "waiting", "checkpoint", "wasted")
+BUCKETS = (
+    "productive",
+    "startup",
+    "dead",
+    "preempted",
+    "stalled",
+    "rejoining",
+    "waiting",
+    "checkpoint",
+    "wasted",
+)
 
 # Learner states (as the driver shows them) -> bucket.
 STATE_BUCKET = {
@@ -21,6 +31,8 @@ STATE_BUCKET = {
     "slow": "productive",
     "dead": "dead",
     "restarting": "dead",
+    "leaving": "preempted",  # a preemption notice: handing its progress over
+    "preempted": "preempted",  # left; its replacement starts (the driver files that time here too)
     "stalled": "stalled",
     "rejoining": "rejoining",
     "waiting": "waiting",

@@ -93,6 +93,8 @@ STATE_COLORS = {
     "slow": "yellowgreen",
     "stalled": "tab:purple",
     "dead": "0.2",
+    "leaving": "tab:brown",
+    "preempted": "tab:pink",
     "restarting": "tab:red",
     "rejoining": "tab:orange",
     "spare": "lightsteelblue",

@@ -22,6 +22,7 @@ STATE_AFTER = {
     "learner_training": "training",
     "learner_died": "restarting",  # the engine saw the process gone and starts a new one at once
     "learner_lost": "dead",  # no live node can hold it: not restarted
+    "learner_preempted": "preempted",  # left on a notice, its progress pushed: a new process starts
     "learner_restarted": "rejoining",  # a process is up: copying state, then its first step
     "learner_stalled": "stalled",
     "learner_thawed": "training",
@@ -34,8 +35,8 @@ STATE_AFTER = {
 SPARE_STATE_AFTER = {"spare_started": "starting", "spare_ready": "spare", "spare_taken": None, "spare_died": None}
 # Faults chaos injected (events.jsonl "chaos" records) -> the state they put their learner in at
 # once, before the engine notices (a death is seen within a second, a stall after the heartbeat timeout).
-INJECTED = {"kill": "dead", "stall": "stalled"}
-STATES = ("starting", "training", "slow", "stalled", "dead", "restarting", "rejoining", "spare")
+INJECTED = {"kill": "dead", "stall": "stalled", "preempt": "leaving"}
+STATES = ("starting", "training", "slow", "stalled", "dead", "leaving", "preempted", "restarting", "rejoining", "spare")
 SYNCER = -1  # the row of the syncer, shown only while it restarts after a death
 
 
@@ -86,10 +87,10 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
         if kind in SPARE_STATE_AFTER and isinstance(e.get("spare"), str):
             switch(e["spare"], t, SPARE_STATE_AFTER[kind])
             continue
-        if kind == "node_killed":  # every learner on one node at once
+        if kind in ("node_killed", "node_draining"):  # every learner on one node at once
             for victim in e.get("learners") or []:
                 if victim in current:  # a learner the log has seen start
-                    switch(victim, t, "dead")
+                    switch(victim, t, "dead" if kind == "node_killed" else "leaving")
             continue
         if not isinstance(learner, int):
             continue

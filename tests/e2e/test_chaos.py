@@ -1,4 +1,4 @@
-"""Chaos on the real engine: a kill storm, a frozen learner and a syncer kill, and what they cost."""
+"""Chaos on the real engine: kills and a preemption, a frozen learner and a syncer kill, and what they cost."""
 
 import json
 from collections import Counter
@@ -19,18 +19,18 @@ def write_plan(path: Path, timeline: list[str], **fields: object) -> Path:
     return path
 
 
-def test_three_kills_heal_and_cost_little(tmp_path, calm_run):
+def test_two_kills_and_a_preemption_heal_and_cost_little(tmp_path, calm_run):
     plan = write_plan(
         tmp_path / "kills.yaml",
         [
             "{at_s: 10, fault: kill, learner: 1}",
             "{at_s: 30, fault: kill, learner: 2}",
-            "{at_s: 50, fault: kill, learner: 3}",
+            "{at_s: 50, fault: preempt, learner: 3, notice_s: 20}",
         ],
     )
     storm = tmp_path / "storm"
     # Paced: a learner left alone on the cores (its peers dead or restarting) would otherwise finish
-    # its 300 steps before the last kill comes (seen: learner 3 at 6 steps/s, done at 48 s).
+    # its 300 steps before the last fault comes (seen: learner 3 at 6 steps/s, done at 48 s).
     paced = "learners.step_time_s=0.25"
     result = run_cli("train", str(TINY), f"run.dir={storm}", STEPS, paced, "--chaos", str(plan), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -39,42 +39,53 @@ def test_three_kills_heal_and_cost_little(tmp_path, calm_run):
     summary = json.loads((storm / "summary.json").read_text())
     events = read_jsonl(storm / "events.jsonl")
     chaos = read_jsonl(storm / "chaos.jsonl")
-    # Every kill fired, was detected, restarted, copied a peer and pushed again.
-    for learner in (1, 2, 3):
-        phases = [e["phase"] for e in chaos if e.get("learner") == learner and e["fault"] == "kill"]
+    # Every fault fired, was seen (a death detected, a preempted learner gone), restarted, copied a peer
+    # and pushed again.
+    for learner, fault, seen in ((1, "kill", "detected"), (2, "kill", "detected"), (3, "preempt", "left")):
+        phases = [e["phase"] for e in chaos if e.get("learner") == learner and e["fault"] == fault]
         assert phases[:1] == ["injected"], phases
-        assert {"detected", "restarted", "state_copied", "first_push"} <= set(phases), phases
+        assert {seen, "restarted", "state_copied", "first_push"} <= set(phases), phases
+    # The preempted learner pushed every fragment it had moved and left within its notice: nothing of
+    # it was lost, and it was no death.
+    (preempted,) = [e for e in events if e["kind"] == "learner_preempted"]
+    assert preempted["learner"] == 3 and preempted["reason"] == "SIGTERM" and preempted["unpushed_steps"] == 0
+    assert preempted["fragments"] > 0 and 0 < preempted["leave_s"] < 20
+    assert "learner 3 preempted (SIGTERM)" in result.stdout + result.stderr
+    assert sorted(e["learner"] for e in events if e["kind"] == "learner_died") == [1, 2]
     copied = [e for e in events if e["kind"] == "learner_rejoined"]
     assert sorted(e["learner"] for e in copied) == [1, 2, 3] and all(e["peer"] is not None for e in copied)
     # The copy is the peer's step, but the learner goes on from its own place in its own stream:
-    # where it was when it died, not where the peer is in the peer's.
-    died_at = {e["learner"]: e for e in events if e["kind"] == "learner_died"}
-    assert all(e["data_position"] == died_at[e["learner"]]["data_position"] > 0 for e in copied)
+    # where it was when it went down, not where the peer is in the peer's.
+    down = {e["learner"]: e for e in events if e["kind"] in ("learner_died", "learner_preempted")}
+    assert all(e["data_position"] == down[e["learner"]]["data_position"] > 0 for e in copied)
     assert all(e["step"] > 0 for e in copied)
     assert summary["status"] == "completed" and summary["restarts"] == {"1": 1, "2": 1, "3": 1}
     # The others never paused: while a learner was down, every other learner that was not itself
     # recovering kept pushing (a learner pushes a fragment every step).
     accepted = [e for e in events if e["kind"] == "push_accepted"]
     recovered = [e for e in events if e["kind"] == "learner_recovered"]
-    died_events = [e for e in events if e["kind"] == "learner_died"]
-    for died in died_events:
-        back = next(e["t"] for e in recovered if e["learner"] == died["learner"] and e["t"] > died["t"])
-        for other in {0, 1, 2, 3} - {died["learner"]}:
-            own_deaths = [e["t"] for e in died_events if e["learner"] == other and e["t"] < died["t"]]
+    downs = sorted(down.values(), key=lambda e: e["t"])
+    for went in downs:
+        back = next(e["t"] for e in recovered if e["learner"] == went["learner"] and e["t"] > went["t"])
+        for other in {0, 1, 2, 3} - {went["learner"]}:
+            own_downs = [e["t"] for e in downs if e["learner"] == other and e["t"] < went["t"]]
             own_backs = [e["t"] for e in recovered if e["learner"] == other]
-            if any(not any(d < u < died["t"] for u in own_backs) for d in own_deaths):
+            if any(not any(d < u < went["t"] for u in own_backs) for d in own_downs):
                 continue  # it was still recovering itself
-            pushes = [e for e in accepted if e["learner"] == other and died["t"] <= e["t"] <= back]
-            assert pushes, f"learner {other} pushed nothing while learner {died['learner']} was down"
+            pushes = [e for e in accepted if e["learner"] == other and went["t"] <= e["t"] <= back]
+            assert pushes, f"learner {other} pushed nothing while learner {went['learner']} was down"
     # Quality: within 5% of the same seed without chaos.
     calm_loss = json.loads((calm_run / "summary.json").read_text())["eval_loss_final"]
     assert summary["eval_loss_final"] <= 1.05 * calm_loss
-    # The goodput ledger accounts for each learner's whole allocation, run start to finish, within 1%.
+    # The goodput ledger accounts for each learner's whole allocation, run start to finish, within 1%;
+    # the preemption's cost is its own bucket, not a death's.
     start = next(e["t"] for e in events if e["kind"] == "run_started")
     finished = {e["learner"]: e["t"] for e in events if e["kind"] == "learner_finished"}
     for learner, row in summary["goodput_by_learner"].items():
         allocated = sum(v for k, v in row.items() if k != "goodput")
         assert allocated == pytest.approx(finished[int(learner)] - start, rel=0.01)
+    by_learner = summary["goodput_by_learner"]
+    assert by_learner["3"]["preempted"] > 0 and by_learner["3"]["dead"] == 0 and by_learner["1"]["preempted"] == 0
     assert summary["badput"]["dead"] > 0 and summary["goodput"] < 1
 
 

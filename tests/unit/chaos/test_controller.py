@@ -335,3 +335,28 @@ def test_kill_node_poisson_rate_is_per_run_and_draws_its_learner():
     assert 4 <= len(faults) <= 24 and len({f.learner for f in faults}) > 1
     assert faults == faults_until(plan, [0, 1, 2, 3], random.Random(0), horizon_s=120)  # seeded
     assert "kill_node 6/min" in plan.summary()
+
+
+def test_a_preemption_reaches_the_target_with_its_notice_and_is_in_flight_until_its_learner_trains_again():
+    clock = SleepingClock()
+    target = FakeTarget(clock)
+    # Notice at 1: leaving at 2, gone at 3, a new process trains at 9.
+    target.script = [(2, 0, "leaving"), (3, 0, "restarting"), (9, 0, "training")]
+    timeline = [
+        {"at_s": 1, "fault": "preempt", "learner": 0, "notice_s": 12},
+        {"at_s": 5, "fault": "kill", "learner": 1},  # learner 0's preemption is in flight
+        {"at_s": 10, "fault": "preempt", "learner": 2},  # back since 9: fired, with the plan's notice
+    ]
+    plan = bare_plan(max_concurrent=1, in_flight_max_s=30, timeline=timeline, duration_s=20, preempt_notice_s=40)
+    controller = run_plan(plan, target, clock)
+    assert target.calls == [("preempt", 0, 12.0), ("preempt", 2, 40.0)]
+    assert controller.report.fired == Counter({FaultKind.PREEMPT: 2})
+    first = target.records[0]
+    assert first["detail"] == "SIGTERM, SIGKILL after 12 s unless it has left (pid 1000)" and first["notice_s"] == 12
+
+
+def test_preemptions_are_drawn_per_learner_with_the_plans_notice():
+    plan = bare_plan(preempt_per_learner_per_min=1.0, preempt_notice_s=20, duration_s=600, warmup_s=60)
+    faults = faults_until(plan, [0, 1, 2, 3], random.Random(0), 600)
+    assert {f.learner for f in faults} == {0, 1, 2, 3} and 12 <= len(faults) <= 60
+    assert all(f.kind is FaultKind.PREEMPT and f.notice_s == 20 and f.duration_s is None for f in faults)

@@ -7,6 +7,7 @@ from chaos.faults import Fault, FaultKind
 
 def test_every_fault_kind_names_its_mechanism():
     values = ["kill", "stall", "slow", "join", "leave", "kill_syncer", "degrade_link", "cut_link", "kill_node"]
+    values.append("preempt")
     assert [k.value for k in FaultKind] == values
     assert all(k.__doc__ and k.__doc__ != FaultKind.__doc__ for k in FaultKind)
     assert (
@@ -37,3 +38,8 @@ def test_every_fault_kind_names_its_mechanism():
         and not FaultKind.KILL_NODE.rate_per_learner
     )
     assert Fault(1, FaultKind.KILL_NODE, 2).target_name == "node of learner 2"
+    # A preemption: SIGTERM with a notice, then SIGKILL; it takes its learner out until a new process trains.
+    assert "SIGTERM" in FaultKind.PREEMPT.__doc__ and "notice_s" in FaultKind.PREEMPT.__doc__
+    assert FaultKind.PREEMPT.is_kill and FaultKind.PREEMPT.takes_learner_out and FaultKind.PREEMPT.rate_per_learner
+    assert not FaultKind.PREEMPT.has_duration
+    assert Fault(1, FaultKind.PREEMPT, 2, notice_s=30).describe() == "SIGTERM, SIGKILL after 30 s unless it has left"

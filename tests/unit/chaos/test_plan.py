@@ -149,3 +149,27 @@ def test_plan_reference_lists_every_field():
     table = reference_markdown()
     assert all(f"| `{name}` |" in table for name in Plan.model_fields)
     assert "| `timeline[].at_s` | `required` |" in table
+
+
+def test_a_preemption_takes_its_notice_from_the_entry_or_the_plan():
+    plan = plan_from_dict(
+        {
+            "preempt_per_learner_per_min": 0.5,
+            "preempt_notice_s": 45,
+            "timeline": [
+                {"at_s": 1, "fault": "preempt", "learner": 0},
+                {"at_s": 2, "fault": "preempt", "learner": 1, "notice_s": 5},
+            ],
+        }
+    )
+    assert [plan.fault_of(e) for e in plan.timeline] == [
+        Fault(1, FaultKind.PREEMPT, 0, notice_s=45),
+        Fault(2, FaultKind.PREEMPT, 1, notice_s=5),
+    ]
+    assert plan.summary().startswith("preempt 0.5/learner/min with 45 s notice")
+    assert plan_from_dict({}).preempt_notice_s == 30
+    assert "notice_s is for preempt, not kill" in _invalid(timeline_of(at_s=1, fault="kill", learner=0, notice_s=3))
+    assert "preempt needs a learner" in _invalid(timeline_of(at_s=1, fault="preempt"))
+    assert "preempt is instantaneous" in _invalid(timeline_of(at_s=1, fault="preempt", learner=0, duration_s=3))
+    assert "did you mean preempt_per_learner_per_min?" in _invalid({"preempt_rate": 1})
+    assert "preempt_notice_s=0: Input should be greater than 0" in _invalid({"preempt_notice_s": 0})

@@ -219,3 +219,35 @@ def test_dry_run_lists_link_faults_and_requests_nothing(tmp_path: Path):
         ("degrade_link", 0, "dry_run", "would link bandwidth /10, latency x10 for 30 s"),
         ("cut_link", 1, "dry_run", "would link cut for 3 s, messages held until it returns"),
     ]
+
+
+def test_a_preemption_sigterms_and_sigkills_only_a_victim_still_there_at_the_end_of_its_notice(spawn, stray_pids):
+    # One victim ignores SIGTERM (a learner that could not leave in time): the timer's SIGKILL ends it.
+    # The other leaves on SIGTERM: the timer kills nothing (its pid, if reused, names another process).
+    stubborn = spawn([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "print(1, flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    stubborn.stdout.readline()  # its handler is in place
+    polite = spawn(["sleep", "30"])
+    started = time.monotonic()
+    signals = ProcessSignals()
+    stray_pids.append(signals.preempt(stubborn.pid, 0.6).pid)
+    stray_pids.append(signals.preempt(polite.pid, 0.6).pid)
+    assert polite.wait(timeout=5) == -signal.SIGTERM
+    assert stubborn.wait(timeout=5) == -signal.SIGKILL and time.monotonic() - started >= 0.5
+    with pytest.raises(TargetError, match="is gone"):
+        signals.preempt(polite.pid, 1.0)
+    with pytest.raises(ValueError, match="positive notice"):
+        signals.preempt(os.getppid(), 0)
+
+
+def test_node_agent_preempts_and_run_dir_target_asks_for_it(tmp_path: Path, spawn, stray_pids):
+    from dlc.engine.agent import NodeAgentWorker
+
+    victim = spawn(["sleep", "30"])
+    assert NodeAgentWorker().preempt(victim.pid, 5.0) is None
+    assert victim.wait(timeout=5) == -signal.SIGTERM
+    assert "is gone" in (NodeAgentWorker().preempt(victim.pid, 5.0) or "")
+    write_status(tmp_path, {1: 4321})
+    RunDirTarget(tmp_path, clock=lambda: 7.0).preempt(1, 45.0)
+    lines = [json.loads(x) for x in (tmp_path / CONTROL_FILE).read_text().splitlines()]
+    assert lines == [{"t": 7.0, "op": "preempt", "learner": 1, "notice_s": 45.0, "pid": 4321}]

@@ -89,7 +89,7 @@ class FakeRay:
             raise ref.error
         return ref.value
 
-    def kill(self, actor):
+    def kill(self, actor, no_restart=True):
         self.killed.append(actor)
 
 
@@ -258,3 +258,56 @@ def test_a_syncer_restart_says_which_acceptances_died_with_it_before_the_learner
         ("syncer_restarted", None),
     ]
     assert tail[1]["reason"] == "syncer_died" and tail[2]["versions"] == [1, 0]
+
+
+def test_a_learner_that_left_on_its_notice_is_replaced_and_nothing_it_trained_is_wasted(rundir, monkeypatch):
+    """Learner 1 got a preemption notice, pushed its progress and reports `preempted`: its process is
+    ended and a new one goes on from its data position; its time until then is the preemption's."""
+    fake = fake_ray(monkeypatch)
+    said: list[str] = []
+    now = [100.0]
+    monkeypatch.setattr(supervisor_module.time, "monotonic", lambda: now[0])
+    rundir.begin()
+    new = Actor("new")
+    sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), lambda i, s, n: new, [], say=said.append)
+    notice = {"reason": "SIGTERM", "at": 1.0, "deadline": None, "fragments": 24, "leave_s": 1.25}
+    view = {"state": "preempted", "step": 40, "data_position": 37, "unpushed_steps": 0.0, "notice": notice,
+            "tokens": 4096, "tokens_per_s": 1000.0, "tokens_per_step": 1024}  # fmt: skip
+    old = Actor("old", poll=Ref({"snapshot": view, "events": [], "metrics": [], "error": None}))
+    sup.slots[1] = LearnerSlot(handle=old, stream="s1", view={"state": "leaving"}, ticked_at=now[0])
+    sup._poll(lambda i, result: None, now[0])
+    assert fake.killed == [old] and sup.slots[1].override == "restarting" and sup.slots[1].death_fault == "preempt"
+    (preempted,) = [e for e in events(rundir) if e["kind"] == "learner_preempted"]
+    assert preempted | {"t": 0} == {"t": 0, "kind": "learner_preempted", "learner": 1, "step": 40, "pid": None,
+                                    "reason": "SIGTERM", "fragments": 24, "leave_s": 1.25, "unpushed_steps": 0.0,
+                                    "data_position": 37}  # fmt: skip
+    assert said == ["learner 1 preempted (SIGTERM): pushed 24 fragments and left 1.2 s after its notice; "
+                    "a new process takes its place"]  # fmt: skip
+    now[0] += 4.0
+    sup.file_time()
+    row = sup.ledger.summary()["learners"]["1"]
+    assert (row["wasted"], row["dead"], row["preempted"]) == (0.0, 0.0, pytest.approx(4.0))
+    sup._advance_recoveries()  # the new process is up: it copies the global model (no healthy peer)
+    ((_, position, step),) = new.called("import_global")
+    assert (position, step) == (37, 40) and sup.restarts[1] == 1 and sup.dead_tokens[1] == 4096
+    sup.slots[1].awaiting_first_push = supervisor_module.time.time() - 2.0
+    sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
+    assert said[-1].startswith("learner 1 back: pushing again 2.0") and said[-1].endswith("after it left on its notice")
+
+
+def test_learners_on_a_draining_node_get_a_notice_once(rundir, monkeypatch):
+    fake_ray(monkeypatch)
+    rundir.begin()
+    sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), None, [])
+    for i, node in enumerate(["n1", "n2", "n2"]):
+        view = {"state": "training", "node_id": node, "node": f"10.0.0.{node[1]}"}
+        sup.slots[i] = LearnerSlot(handle=Actor(f"l{i}"), stream=None, view=view)
+    sup.notice_draining({"n2": 2000.0, "n9": None})
+    sup.notice_draining({"n2": 2000.0})
+    assert [sup.slots[i].handle.called("give_notice") for i in range(3)] == [
+        [],
+        [("node draining", 2000.0)],
+        [("node draining", 2000.0)],
+    ]
+    (draining,) = [e for e in events(rundir) if e["kind"] == "node_draining"]
+    assert (draining["node_id"], draining["node"], draining["learners"]) == ("n2", "10.0.0.2", [1, 2])

@@ -10,20 +10,23 @@ def test_buckets_add_up_and_goodput_by_hand():
         ledger.tick(0, state, seconds)
     # Its kill lost 1.5 s of steps that were never pushed.
     ledger.waste(0, 1.5)
-    # Learner 1: 2 s compiling, 18 s training, 0 wasted = 20 s.
+    # Learner 1: 2 s compiling, 16 s training, 2 s preempted (leaving, its replacement starting), 0 wasted.
     ledger.tick(1, "starting", 2)
-    ledger.tick(1, "training", 18)
+    ledger.tick(1, "training", 16)
+    ledger.tick(1, "leaving", 0.5)
+    ledger.tick(1, "preempted", 1.5)
     summary = ledger.summary()
     row0 = summary["learners"]["0"]
     assert sum(row0[b] for b in BUCKETS) == pytest.approx(20.0)
-    # Learner 0 productive: 10 + 4 - 1.5 = 12.5 of 20 -> 0.625; learner 1: 18 / 20 = 0.9.
-    assert row0["goodput"] == 0.625 and summary["learners"]["1"]["goodput"] == 0.9
-    # Overall: (12.5 + 18) / 40 = 0.7625.
-    assert summary["goodput"] == 0.7625
+    # Learner 0 productive: 10 + 4 - 1.5 = 12.5 of 20 -> 0.625; learner 1: 16 / 20 = 0.8.
+    assert row0["goodput"] == 0.625 and summary["learners"]["1"]["goodput"] == 0.8
+    # Overall: (12.5 + 16) / 40 = 0.7125.
+    assert summary["goodput"] == 0.7125
     assert summary["allocated_s"] == 40.0
     assert summary["badput_s"] == {
         "startup": 4.0,
         "dead": 3.0,
+        "preempted": 2.0,
         "stalled": 0.0,
         "rejoining": 1.0,
         "waiting": 0.0,

@@ -167,3 +167,26 @@ def test_a_hot_spare_has_a_row_until_it_takes_a_slot_and_its_replacement_one_aft
     assert rows == [0, "s0", "s1", SYNCER]  # the report's rows, top to bottom
     # Spares in the order they started, also past ten of them.
     assert sorted([SYNCER, "s10", 3, "s2", 0, "s1"], key=row_order) == [0, 3, "s1", "s2", "s10", SYNCER]
+
+
+def test_a_preempted_learner_is_leaving_from_its_notice_then_preempted_until_its_replacement_is_up():
+    events = [
+        {"t": 0.0, "kind": "learner_started", "learner": 0},
+        {"t": 0.0, "kind": "learner_started", "learner": 1},
+        {"t": 2.0, "kind": "learner_training", "learner": 0},
+        {"t": 2.0, "kind": "learner_training", "learner": 1},
+        {"t": 10.0, "kind": "chaos", "fault": "preempt", "learner": 1, "phase": "injected", "notice_s": 30},
+        {"t": 12.0, "kind": "learner_preempted", "learner": 1},
+        {"t": 20.0, "kind": "learner_restarted", "learner": 1},
+        {"t": 22.0, "kind": "learner_training", "learner": 1},
+        {"t": 30.0, "kind": "node_draining", "learners": [0]},
+    ]
+    assert [i for i in learner_intervals(events, end=40.0) if i.learner == 1] == [
+        Interval(1, 0.0, 2.0, "starting"),
+        Interval(1, 2.0, 10.0, "training"),
+        Interval(1, 10.0, 12.0, "leaving"),
+        Interval(1, 12.0, 20.0, "preempted"),
+        Interval(1, 20.0, 22.0, "rejoining"),
+        Interval(1, 22.0, 40.0, "training"),
+    ]
+    assert [i for i in learner_intervals(events, end=40.0) if i.learner == 0][-1] == Interval(0, 30.0, 40.0, "leaving")

@@ -167,8 +167,9 @@ class LearnerWorker:
         self.incarnation = where["incarnation"]
         return where
 
-    def save(self) -> None:
-        self.checkpointer.save()
+    def save(self, wait: bool = True) -> None:
+        """Checkpoint; with `wait=False` (the loop's interval saves) the write goes on while it trains."""
+        self.checkpointer.save(wait=wait)
 
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
         if global_fragments is not None and versions is not None:
@@ -245,7 +246,7 @@ class LearnerWorker:
                     self.blocked_s["peer_copy"] += time.monotonic() - copying
                 if learner.step % recipe.checkpoint.every_steps == 0:
                     saving = time.monotonic()
-                    self.save()
+                    self.save(wait=False)
                     release_freed_memory()  # what writing the checkpoint left free
                     self.blocked_s["checkpoint"] += time.monotonic() - saving
                     events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})

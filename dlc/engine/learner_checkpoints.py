@@ -34,10 +34,11 @@ class LearnerCheckpoints:
     def tree(self) -> dict[str, Any]:
         return {"learner": self.learner.state_tree(), "sync": self.sync.state()[0]}
 
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
+        """Checkpoint now; with `wait=False` the files are written while the learner trains on."""
         self.learner.flush()
         meta = {**self.learner.state_meta(), "sync": self.sync.state()[1]}
-        self._store.save(self.learner.step, self.tree(), meta)
+        self._store.save(self.learner.step, self.tree(), meta, wait=wait)
 
     def restore(self, next_seq: int) -> dict[str, Any]:
         """Load the latest checkpoint, if any; returns its step, data position and incarnation.

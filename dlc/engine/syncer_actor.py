@@ -213,11 +213,14 @@ class SyncerWorker:
                     wait = max(self.syncer.next_tick_in(), 0.001)
                     self._tick_at = time.monotonic() + wait
                 if time.monotonic() - self._last_save >= self.recipe.syncer.checkpoint_interval_s:
-                    self.save()
+                    self.save(wait=False)
         except Exception:
             self.error = traceback.format_exc()
 
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
+        """Checkpoint the syncer's state (`wait=False`: the files are written while it merges on). The
+        journal before it is dropped once the checkpoint is complete."""
+        self.checkpointer.wait()  # the previous checkpoint complete, and its journal dropped, first
         with self.lock:
             tree, meta = self.syncer.state()
             meta = {**meta, "round_events": self._round_events}
@@ -227,8 +230,7 @@ class SyncerWorker:
             # Rounds after this state go to a fresh journal; the old one stays until the
             # checkpoint is complete, so a death mid-save still replays from the previous one.
             self.journal.rotate(self.syncer.journal_snapshot())
-        self.checkpointer.save(step, tree, meta)
-        self.journal.drop_previous()
+        self.checkpointer.save(step, tree, meta, wait=wait, then=self.journal.drop_previous)
         self._last_save = time.monotonic()
 
     def next_seqs(self) -> dict[int, int]:

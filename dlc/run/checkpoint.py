@@ -1,12 +1,26 @@
-"""Checkpoints with orbax: a PyTree of arrays plus a small JSON record, written atomically."""
+"""Checkpoints with orbax: a PyTree of arrays plus a small JSON record, written atomically.
+
+A save can return before its files are written (`wait=False`): the caller's arrays are copied where
+they are (a device copy of each JAX array, which a later step may donate; a host copy of each NumPy
+array, which its owner changes in place), and a thread of the checkpointer's own has orbax write the
+copies while training goes on: the caller's loop stands still only for the copies. (orbax's own
+asynchronous save still spends a few hundred milliseconds of the caller's time on each save: its
+directories, metadata and host transfers.) The next save, `wait()` and `close()` wait for the write
+in flight, and raise what it raised. orbax writes into a temporary directory and renames it when
+complete, so a process that dies mid-write leaves the last complete checkpoint the newest.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -48,27 +62,64 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True),
         )
         self._saved: int | None = None  # the step this instance last saved or restored
+        self._writer: threading.Thread | None = None  # the write in flight
+        self._failed: BaseException | None = None  # what it raised
+        self._then: Callable[[], None] | None = None  # what to do once it is complete
 
-    def save(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
-        """Save `tree` at `step`, the newest checkpoint from now on.
+    def save(
+        self, step: int, tree: Any, meta: dict[str, Any], wait: bool = True, then: Callable[[], None] | None = None
+    ) -> None:
+        """Save `tree` at `step`, the newest checkpoint from now on; with `wait=False`, return once its
+        arrays are copied and write in the background. `then` runs once the checkpoint is complete (at
+        the latest by the next save, `wait()` or `close()`).
 
         Checkpoints at `step` or later left by an earlier process of the learner (a restart that
         copied a peer behind it, or started from the global model) describe a state that is gone:
         they are removed first, or a resume would take the stale one for the newest.
         """
+        self.wait()  # a second save waits for the first
         if step == self._saved:
+            if then is not None:
+                then()
             return  # already saved at this step (an interval save just before exit)
+        self._saved, self._then = step, then
+        if wait:
+            self._write(step, tree, meta)
+            self.wait()
+            return
+        copies = jax.tree.map(_copy, tree)
+        self._writer = threading.Thread(
+            target=self._write_aside, args=(step, copies, meta), name="checkpoint-writer", daemon=True
+        )
+        self._writer.start()
+
+    def _write(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
         for stale in [s for s in self._manager.all_steps() if s >= step]:
             self._manager.delete(stale)
-        # orbax writes into a temporary directory and renames it when complete, so a crash
-        # mid-save leaves the previous checkpoint as the latest one.
         self._manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
             force=True,
         )
-        self._manager.wait_until_finished()
-        self._saved = step
+
+    def _write_aside(self, step: int, tree: Any, meta: dict[str, Any]) -> None:
+        try:
+            self._write(step, tree, meta)
+        except BaseException as exc:  # noqa: BLE001 - raised again by whoever waits for it
+            self._failed = exc
+
+    def wait(self) -> None:
+        """Until the write in flight, if any, is complete (and its `then` has run); raises what it raised."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            self._then = None
+            raise failed
+        then, self._then = self._then, None
+        if then is not None:
+            then()
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -93,7 +144,17 @@ class Checkpointer:
         return restored["state"], dict(restored["meta"])
 
     def close(self) -> None:
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+
+
+def _copy(leaf: Any) -> Any:
+    """A leaf the caller may change or donate after the save returns, copied (where it is)."""
+    if isinstance(leaf, jax.Array):
+        return leaf.copy()
+    return np.array(leaf, copy=True) if isinstance(leaf, np.ndarray) else leaf
 
 
 def read_checkpoint(directory: Path | epath.Path, step: int | None = None) -> tuple[Any, dict[str, Any], int]:

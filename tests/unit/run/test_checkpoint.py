@@ -1,0 +1,37 @@
+"""Checkpoints written in the background: what was saved is what the caller held at the save, a second
+save waits for the first, and what runs once a checkpoint is complete runs once."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from dlc.run.checkpoint import Checkpointer
+
+
+def test_a_background_save_holds_the_values_of_its_moment_and_the_next_save_waits_for_it(tmp_path):
+    store = Checkpointer(tmp_path / "ck", keep=2)
+    anchors = np.arange(6, dtype=np.float32)
+    done: list[int] = []
+    tree = {"params": {"w": jnp.ones((2, 3))}, "anchors": [anchors]}
+    store.save(1, tree, {"step": 1}, wait=False, then=lambda: done.append(1))
+    anchors += 100.0  # its owner goes on changing it while the write goes on
+    store.save(2, {"params": {"w": jnp.zeros((2, 3))}, "anchors": [anchors]}, {"step": 2}, wait=False)
+    assert done == [1]  # the first was complete before the second began
+    store.wait()
+    assert store.latest_step() == 2
+    store.close()
+
+    reader = Checkpointer(tmp_path / "ck", keep=2)
+    like = {"params": {"w": jnp.zeros((2, 3))}, "anchors": [np.zeros(6, np.float32)]}
+    tree, meta = reader.restore(like)
+    assert meta == {"step": 2} and np.array_equal(tree["anchors"][0], np.arange(6) + 100.0)
+    assert np.array_equal(np.asarray(tree["params"]["w"]), np.zeros((2, 3)))
+    reader.close()
+    import orbax.checkpoint as ocp
+
+    first = ocp.CheckpointManager(tmp_path / "ck").restore(
+        1, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
+    )
+    assert np.array_equal(first["state"]["anchors"][0], np.arange(6))  # not the values changed after the save
+    assert np.array_equal(np.asarray(first["state"]["params"]["w"]), np.ones((2, 3)))

@@ -115,7 +115,7 @@ class Checkpointer:
             self._writer = None
         failed, self._failed = self._failed, None
         if failed is not None:
-            self._then = None
+            self._then, self._saved = None, None  # not saved: a save at that step again must write
             raise failed
         then, self._then = self._then, None
         if then is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dlc.run.checkpoint import Checkpointer
 
@@ -35,3 +36,22 @@ def test_a_background_save_holds_the_values_of_its_moment_and_the_next_save_wait
     )
     assert np.array_equal(first["state"]["anchors"][0], np.arange(6))  # not the values changed after the save
     assert np.array_equal(np.asarray(first["state"]["params"]["w"]), np.ones((2, 3)))
+
+
+def test_a_background_write_that_failed_is_raised_by_the_next_wait_and_written_again(tmp_path, monkeypatch):
+    store = Checkpointer(tmp_path / "ck", keep=2)
+    write = store._manager.save
+
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(store._manager, "save", disk_full)
+    tree = {"w": jnp.ones(3)}
+    store.save(3, tree, {"step": 3}, wait=False, then=lambda: pytest.fail("ran after a failed write"))
+    with pytest.raises(OSError, match="No space left"):
+        store.wait()
+    store.wait()  # raised once
+    monkeypatch.setattr(store._manager, "save", write)
+    store.save(3, tree, {"step": 3})  # not taken for saved: written now
+    assert store.latest_step() == 3
+    store.close()

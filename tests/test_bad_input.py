@@ -594,6 +594,11 @@ COMMAND_CASES: list[tuple[str, Callable[[Path], list[str]], list[str]]] = [
         lambda tmp: ["bandwidth", "--recipe", str(recipe_file(tmp, "model: {width: 10000000, num_layers: 10}"))],
         ["parameters, more than 100T", "model.width (10000000)"],
     ),
+    (  # counted from one block and two, in seconds, not traced block by block for hours
+        "bandwidth-recipe-absurdly-deep",
+        lambda tmp: ["bandwidth", "--recipe", str(recipe_file(tmp, "model: {num_layers: 10000000000}"))],
+        ["parameters, more than 100T", "model.num_layers (10000000000)"],
+    ),
     ("bandwidth-step-time-infinite", lambda tmp: ["bandwidth", "--step-time-s", "inf"], ["--step-time-s=inf"]),
     ("bandwidth-fragments-beyond-memory", lambda tmp: ["bandwidth", "--fragments", "1000000000"], ["of memory"]),
     ("bandwidth-buckets-beyond-memory", lambda tmp: ["bandwidth", "--buckets", "10000000000"], ["--buckets="]),

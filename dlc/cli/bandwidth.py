@@ -80,17 +80,19 @@ def bandwidth_command(
 
 def _recipe_traffic(path: Path, json_out: bool) -> None:
     from dlc.config.load import load_recipe
+    from dlc.core.abstract import param_count
     from dlc.data.plan import planned_vocab
     from dlc.plan.bandwidth import recipe_traffic
 
     recipe = planned_vocab(load_recipe(path))
-    traffic = recipe_traffic(recipe)
-    if traffic["params"] > MAX_PARAMS:
+    count = param_count(recipe.model)  # before the fragments, which trace every block
+    if count > MAX_PARAMS:
         model = recipe.model
         raise UserError(
-            f"{path}: {traffic['params']:,} parameters, more than 100T (1e14): 50x the largest "
+            f"{path}: {count:,} parameters, more than 100T (1e14): 50x the largest "
             f"models trained; check model.width ({model.width}) and model.num_layers ({model.num_layers})"
         )
+    traffic = recipe_traffic(recipe)
     if json_out:
         typer.echo(json.dumps({k: round(v, 3) for k, v in traffic.items()}))
         return

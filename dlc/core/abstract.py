@@ -51,7 +51,13 @@ def param_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def param_count(model: ModelConfig) -> int:
-    return sum(math.prod(shape) for shape in param_shapes(model).values())
+    """Parameters of the model. Every block has the same ones, so a model of one block and one of two
+    give the count of any depth exactly, without tracing a deep model (which takes minutes a thousand
+    blocks: a recipe of absurd depth is refused at once rather than traced)."""
+    if model.num_layers <= 2:
+        return sum(math.prod(shape) for shape in param_shapes(model).values())
+    one, two = (param_count(model.model_copy(update={"num_layers": n})) for n in (1, 2))
+    return one + (model.num_layers - 1) * (two - one)
 
 
 def _nbytes(leaf: Any, float_bytes: int | None = None) -> int:

@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--no-dp", action="store_true", help="skip the data-parallel reference")
     args = ap.parse_args()
 
-    from dlc.config.load import load_recipe
+    from dlc.config.load import load_recipe, replaced_overrides
 
     base = list(args.set)
     count = load_recipe(args.recipe, base).learners.count
@@ -85,10 +85,10 @@ def main() -> None:
         for seed in seeds:
             if not args.no_dp:
                 jobs[DP, seed] = pool.submit(
-                    train_one, args.recipe, [*base, f"run.seed={seed}"], paces, args.tokens, True
+                    train_one, args.recipe, replaced_overrides(base, f"run.seed={seed}"), paces, args.tokens, True
                 )
             for label, overrides in settings:
-                over = [*base, *overrides, f"run.seed={seed}"]
+                over = replaced_overrides(base, *overrides, f"run.seed={seed}")
                 jobs[label, seed] = pool.submit(train_one, args.recipe, over, paces, args.tokens, False)
         keys = {future: key for key, future in jobs.items()}
         results = {}

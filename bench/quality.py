@@ -47,6 +47,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 import runner  # noqa: E402
 from runner import say  # noqa: E402
 
+from dlc.config.load import replaced_overrides  # noqa: E402
+
 RECIPE = "recipes/tiny.yaml"
 FP32 = ("syncer.codec=none", "syncer.down_codec=none")
 
@@ -144,7 +146,7 @@ def arm_overrides(arm: Arm, size: Size, global_batch: int, lr: float, seed: int)
         f"inner.warmup_steps={max(1, size.steps // 12)}",
         f"run.seed={seed}",
     ]
-    return overrides + list(arm.overrides)
+    return replaced_overrides(overrides, *arm.overrides)
 
 
 def train_arm(arm: Arm, overrides: list[str], tokens: int) -> dict[str, Any]:
@@ -276,7 +278,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         label, _, body = text.partition(":")
         last = arms[-1]
         extra = tuple(o for o in body.split(";") if o)
-        arms = (*arms, Arm(label, (*last.overrides, *extra), last.count, last.dp, last.out_of_phase, body))
+        layered = tuple(replaced_overrides(list(last.overrides), *extra))
+        arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
     sizes = parse_sizes(args.sizes)
     for size in sizes:
         plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len)

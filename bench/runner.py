@@ -51,8 +51,14 @@ def say(message: str) -> None:
 def train_command(
     recipe: str, run_dir: Path, *overrides: str, plan: Path | None = None, fresh: bool = False
 ) -> list[str]:
-    """`dlc train RECIPE run.dir=RUN_DIR OVERRIDES...`, from this checkout's code."""
-    cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, f"run.dir={run_dir}", *overrides]
+    """`dlc train RECIPE run.dir=RUN_DIR OVERRIDES...`, from this checkout's code; of overrides that set
+    one key again (a bench's defaults, then what its caller chose), the last is kept."""
+    from dlc.config.load import replaced_overrides
+
+    layered: list[str] = [f"run.dir={run_dir}"]
+    for item in overrides:
+        layered = replaced_overrides(layered, item)
+    cmd = [sys.executable, "-m", "dlc.cli", "train", recipe, *layered]
     if fresh:  # a run directory reused from an earlier bench must not resume its checkpoints
         cmd.append("--fresh")
     return cmd + (["--chaos", str(plan)] if plan is not None else [])

@@ -31,7 +31,7 @@ def global_batch(recipe: Any) -> int:
 
 def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[str, Any]:
     """Data-parallel: one learner with the summed batch, for ceil(tokens / global batch tokens) steps."""
-    from dlc.config.load import load_recipe
+    from dlc.config.load import load_recipe, replaced_overrides
     from dlc.core.evaluate import Evaluator
     from dlc.core.learner import Learner
     from dlc.data.corpus import load_corpus, split_corpus
@@ -41,7 +41,9 @@ def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[st
     recipe = load_recipe(recipe_path, list(overrides))
     batch = global_batch(recipe)
     steps = math.ceil(tokens / (batch * recipe.learners.seq_len))
-    one = [*overrides, "learners.count=1", "learners.overrides=[]", f"learners.batch_size={batch}"]
+    one = replaced_overrides(
+        list(overrides), "learners.count=1", "learners.overrides=[]", f"learners.batch_size={batch}"
+    )
     recipe = _with_steps(load_recipe(recipe_path, one), steps)
     data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096))
     learner = Learner(recipe, 0, data.streams[0])

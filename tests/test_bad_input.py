@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dlc.config.load import dump_recipe, load_recipe
+from dlc.config.load import dump_recipe, load_recipe, replaced_overrides
 from dlc.errors import UserError
 from dlc.run.files import CHECKPOINT_DIR, syncer_journal_path
 from tests.helpers import REPO, TINY, assert_user_error, invoke, marked_storage, run_cli, snapshot
@@ -196,6 +196,13 @@ RECIPE_CASES = [
     ("eval-windows-beyond-memory", ["eval.batches=100000", "eval.batch_size=100000"], ["of memory", "eval.batches"]),
     ("track-unknown", ["track=[tensorboard,neptune]"], ["track.1='neptune'", "'tensorboard', 'wandb' or 'mlflow'"]),
     ("track-twice", ["track=[mlflow,mlflow]"], ["track lists mlflow more than once"]),
+    ("override-twice", ["run.seed=1", "run.seed=2"], ["run.seed is set twice", "'run.seed=1', then 'run.seed=2'"]),
+    ("override-whole-and-part", ["eval.batches=2", "eval={batches: 3}"], ["eval is set both whole and in part"]),
+    (
+        "address-option-and-override",
+        ["--address=127.0.0.1:1", "cluster.address=127.0.0.1:2"],
+        ["--address and a cluster.address override both name the cluster"],
+    ),
     (
         "track-mlflow-server-unreachable",  # a closed loopback port: refused at once
         ["track=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:9"],
@@ -207,7 +214,9 @@ RECIPE_CASES = [
 @pytest.mark.parametrize(("overrides", "fragments"), [c[1:] for c in RECIPE_CASES], ids=[c[0] for c in RECIPE_CASES])
 def test_train_refuses_a_bad_recipe_before_anything_is_written(overrides, fragments, corpus, tmp_path):
     run = tmp_path / "run"
-    assert_user_error(invoke("train", str(TINY), *train_overrides(corpus, run), *overrides), *fragments)
+    assert_user_error(
+        invoke("train", str(TINY), *replaced_overrides(train_overrides(corpus, run), *overrides)), *fragments
+    )
     assert not run.exists()
 
 

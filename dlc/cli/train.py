@@ -47,6 +47,8 @@ def train_command(
 
     isolate_driver()  # before anything imports JAX: the driver never trains, GPUs are the learners'
     try:
+        if address and any(o.partition("=")[0] in ("cluster", "cluster.address") for o in overrides or []):
+            raise UserError("--address and a cluster.address override both name the cluster: keep one of them")
         extra = [f"cluster.address={address}"] if address else []
         loaded = load_recipe(recipe, [*(overrides or []), *extra])
         plan = None

@@ -17,6 +17,7 @@ from dlc.errors import UserError
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """`["a.b=1", "c=x"]` -> nested dict, values parsed as YAML scalars (`1` -> int, `[1,2]` -> list)."""
     tree: dict[str, Any] = {}
+    given: dict[str, str] = {}  # key -> the override that set it
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
@@ -27,16 +28,35 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
                 f"override {raw_bytes!r} is not valid UTF-8: recipes, paths and names are read as UTF-8; "
                 "rename the file (or point at it with a glob such as data.paths=[data/*.txt])"
             )
+        _refuse_a_second_setting(key, item, given)
         value = _parse_scalar(raw)
         node = tree
         *parents, leaf = key.split(".")
         for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserError(f"override {item!r} conflicts with an earlier override of {part!r}")
-            node = child
+            node = node.setdefault(part, {})
         node[leaf] = value
     return tree
+
+
+def replaced_overrides(base: list[str], *extra: str) -> list[str]:
+    """`base` less the overrides `extra` sets again (the same key, or a part or a whole of it), then
+    `extra`: how a program that layers settings says the later ones win, where a user's command line
+    giving one key twice is refused."""
+    keys = [item.partition("=")[0] for item in extra]
+
+    def replaced(key: str) -> bool:
+        return any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in keys)
+
+    return [item for item in base if not replaced(item.partition("=")[0])] + list(extra)
+
+
+def _refuse_a_second_setting(key: str, item: str, given: dict[str, str]) -> None:
+    """The same key twice (or a key and a part of it) would let the last one win without a word."""
+    for earlier_key, earlier in given.items():
+        if earlier_key == key or earlier_key.startswith(key + ".") or key.startswith(earlier_key + "."):
+            what = "twice" if earlier_key == key else "both whole and in part"
+            raise UserError(f"{key} is set {what} on the command line ({earlier!r}, then {item!r}): keep one of them")
+    given[key] = item
 
 
 def _is_utf8(text: str) -> bool:

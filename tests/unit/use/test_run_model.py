@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlc.config.load import dump_recipe, load_recipe
+from dlc.config.load import dump_recipe, load_recipe, replaced_overrides
 from dlc.core.model import build_model, flatten_params
 from dlc.plan.memory import fragment_plan
 from dlc.run.checkpoint import Checkpointer
@@ -33,7 +33,7 @@ SMALL = [
 def write_run(path: Path, *overrides: str, seed: int = 3, syncer_steps: tuple[int, ...] = (10, 20)) -> dict:
     """A run directory whose syncer checkpoints hold the model built from `seed` (plus step / 1000, so
     checkpoints differ) and whose learner 1 checkpoint holds the model from seed + 1."""
-    recipe = load_recipe(TINY, [*SMALL, f"run.dir={path}", *overrides])
+    recipe = load_recipe(TINY, replaced_overrides([*SMALL, f"run.dir={path}"], *overrides))
     path.mkdir(parents=True)
     (path / "recipe.yaml").write_text(dump_recipe(recipe))
     plan = fragment_plan(recipe)

@@ -39,6 +39,8 @@ def run(
     check_fits(recipe)  # before anything is allocated
     recipe, no_tensorboard = default_trackers(recipe)
     check_trackers(recipe)  # a tracker that cannot start (no package, no server, no W&B login) refuses it here
+    if recipe.metrics.port is not None and recipe.cluster.address is None:
+        cluster.check_metrics_port(recipe.metrics.port)  # Ray's metrics agent installed, the port free
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     if no_tensorboard:
         view.message(no_tensorboard)
@@ -51,13 +53,17 @@ def run(
             check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])
         with Interrupts(final=ends_process) as interrupts:
             try:
-                started = cluster.start_cluster(recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe))
+                started = cluster.start_cluster(
+                    recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe), recipe.metrics.port
+                )
                 interrupts.claim()
                 # Ray would leave an actor asking for what no node has pending forever: refuse it now.
                 devices.check_resources(recipe, [n["resources"] for n in cluster.nodes()])
                 placement.check(recipe, cluster.nodes(), started["driver_node"])
                 # Events are held in memory until every actor has started: written only if the run really starts.
                 rundir = RunDir.create(layout, recipe, claim)
+                if recipe.metrics.port is not None and recipe.cluster.address is None:
+                    view.message(f"Prometheus metrics (ray_dlc_*): http://127.0.0.1:{recipe.metrics.port}/metrics")
             except BaseException:
                 interrupts.hold()  # an interrupted start (inside `ray.init`, say) still stops what it started
                 cluster.stop_cluster()

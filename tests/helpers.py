@@ -101,6 +101,74 @@ def snapshot(root: Path) -> dict[str, str]:
 # -- end-to-end runs -------------------------------------------------------------------------------
 
 
+def free_metrics_port() -> int:
+    """A free port below the kernel's ephemeral range, so no process is handed it before the run binds it."""
+    import random
+    import socket
+
+    for port in random.sample(range(20000, 30000), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 30000")
+
+
+class MetricsScraper:
+    """Scrapes http://127.0.0.1:PORT/metrics every `every_s` seconds while a run goes on, as Prometheus
+    would, and keeps dlc's samples of each scrape: {(name, labels without Ray's): value}."""
+
+    RAY_LABELS = frozenset({"Component", "NodeAddress", "SessionName", "Version", "WorkerId"})
+
+    def __init__(self, port: int, every_s: float = 2.0) -> None:
+        import threading
+
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.every_s = every_s
+        self.scrapes: list[dict[tuple[str, frozenset], float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> MetricsScraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        while not self._stop.wait(self.every_s):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=5).read().decode()
+            except OSError:
+                continue  # not up yet, or gone
+            samples = {
+                (s.name, frozenset((k, v) for k, v in s.labels.items() if k not in self.RAY_LABELS)): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+                if s.name.startswith("ray_dlc_")
+            }
+            if samples:
+                self.scrapes.append(samples)
+
+    def values(self, name: str, **labels: str) -> list[float]:
+        """The series' value in each scrape that has it, in order."""
+        want = set(labels.items())
+        out = []
+        for scrape in self.scrapes:
+            found = [v for (n, ls), v in scrape.items() if n == name and want <= ls]
+            if found:
+                out.append(sum(found))
+        return out
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

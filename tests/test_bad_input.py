@@ -203,6 +203,13 @@ RECIPE_CASES = [
         ["--address=127.0.0.1:1", "cluster.address=127.0.0.1:2"],
         ["--address and a cluster.address override both name the cluster"],
     ),
+    ("metrics-port-low", ["metrics.port=80"], ["metrics.port=80", "greater than or equal to 1024"]),
+    ("metrics-embedded-without-port", ["metrics.enabled=true"], ["metrics.enabled=true", "set metrics.port"]),
+    (
+        "metrics-port-joining-a-cluster",
+        ["metrics.port=9100", "cluster.address=127.0.0.1:1"],
+        ["metrics.port=9100", "exports at its own port", "set metrics.enabled=true"],
+    ),
     (
         "track-mlflow-server-unreachable",  # a closed loopback port: refused at once
         ["track=[mlflow]", "tracking.mlflow_uri=http://127.0.0.1:9"],
@@ -522,7 +529,7 @@ def test_a_resume_refused_while_the_engine_starts_writes_nothing(run_copy, corpu
 
     node = {"node_id": "n0", "ip": "127.0.0.1", "host": "h", "head": True, "resources": {"CPU": 64.0}, "labels": {}}
     started = {"address": "embedded", "nodes": [node], "driver_node": "n0"}
-    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", lambda cfg, cpus, env: started)
+    monkeypatch.setattr(dlc.engine.cluster, "start_cluster", lambda cfg, cpus, env, metrics_port: started)
     monkeypatch.setattr(dlc.engine.cluster, "nodes", lambda: [node])
     monkeypatch.setattr(dlc.engine.cluster, "stop_cluster", lambda: None)
     monkeypatch.setattr(Driver, "_launch", unreadable)

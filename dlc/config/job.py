@@ -81,6 +81,29 @@ class ClusterConfig(Section):
     )
 
 
+class MetricsConfig(Section):
+    """dlc's series through Ray's metrics API, to the Prometheus endpoint a Ray cluster already exports."""
+
+    port: int | None = Field(
+        None,
+        ge=1024,
+        le=65535,
+        description="Port of the embedded cluster's Prometheus endpoint, http://127.0.0.1:PORT/metrics: dlc's "
+        "series (dlc_*) beside Ray's own. Needs Ray's metrics agent: pip install 'dlc[metrics]'. Default: no "
+        "endpoint, no series.",
+    )
+    enabled: bool = Field(
+        False,
+        description="With cluster.address: send dlc's series to the joined cluster's own endpoint (the port its "
+        "nodes were started with, ray start --metrics-export-port). The embedded cluster needs metrics.port "
+        "instead.",
+    )
+
+    @property
+    def on(self) -> bool:
+        return self.enabled or self.port is not None
+
+
 class CheckpointConfig(Section):
     every_steps: int = Field(500, ge=1, description="Steps between checkpoints (one is always written at exit).")
     keep: int = Field(2, ge=1, description="How many recent checkpoints to keep.")

@@ -18,6 +18,7 @@ from dlc.config.job import (
     CheckpointConfig,
     ClusterConfig,
     EvalConfig,
+    MetricsConfig,
     ProfileConfig,
     RunConfig,
     TrackerName,
@@ -54,6 +55,9 @@ class Recipe(Section):
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig, description="JAX profiler traces of a few learner steps."
     )
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig, description="Prometheus metrics, through Ray's metrics API."
+    )
 
     @field_validator("track", mode="before")
     @classmethod
@@ -83,6 +87,7 @@ class Recipe(Section):
                 f"{self.learners.seq_len} bytes plus the byte it predicts): raise data.block_bytes to at least "
                 f"{self.learners.seq_len + 1} or shorten learners.seq_len"
             )
+        self._check_metrics()
         outside = [i for i in self.profile.learners if not 0 <= i < self.learners.count]
         if outside:
             raise ValueError(
@@ -163,6 +168,19 @@ class Recipe(Section):
                 "set inner.schedule_steps"
             )
         return self
+
+    def _check_metrics(self) -> None:
+        if self.cluster.address is not None and self.metrics.port is not None:
+            raise ValueError(
+                f"metrics.port={self.metrics.port} names the embedded cluster's endpoint, but cluster.address joins "
+                "a cluster that exports at its own port (ray start --metrics-export-port): set metrics.enabled=true "
+                "instead of metrics.port"
+            )
+        if self.cluster.address is None and self.metrics.enabled and self.metrics.port is None:
+            raise ValueError(
+                "metrics.enabled=true, but the embedded cluster exports metrics only where metrics.port says: set "
+                "metrics.port (e.g. metrics.port=9100)"
+            )
 
     def cpus_reserved(self) -> float:
         """Ray CPUs the run reserves: learners, spares, room for joiners (a joiner must not wait for CPUs or take

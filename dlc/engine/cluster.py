@@ -10,7 +10,10 @@ here instead, in this process only and only while `ray.init` runs. The embedded 
 neither Ray's dashboard (API server) process nor the autoscaler's monitor, which listens on a port of
 its own: a one-node cluster with no autoscaling has no use for either. What still listens, all on
 127.0.0.1: the GCS, the raylet (node manager and object manager), the runtime-env agent the raylet
-asks to prepare workers, and every worker's (and the driver's) gRPC endpoint.
+asks to prepare workers, and every worker's (and the driver's) gRPC endpoint. Its node agent runs
+as in a minimal Ray install unless the recipe names `metrics.port`: then that agent also serves
+Prometheus metrics at 127.0.0.1:PORT/metrics (and its own HTTP port), as `ray start
+--metrics-export-port` does.
 
 Joining: the address is checked before `ray.init`, so an address nobody listens on, or a cluster
 whose token this driver lacks, is refused in seconds with one line (Ray itself retries for 20-40 s).
@@ -55,11 +58,14 @@ def draining_nodes() -> dict[str, float | None]:
     return {str(node): (deadline / 1000.0 if deadline else None) for node, deadline in dict(answer).items()}
 
 
-def start_cluster(cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def start_cluster(
+    cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str] | None = None, metrics_port: int | None = None
+) -> dict[str, Any]:
     """Join `cfg.address`, or start an embedded single-node cluster on loopback; returns what the run logs.
 
     `env`: variables for every process of an embedded cluster, which inherits them from the driver's
     environment (`devices.embedded_env`); they stay in it, where `devices.inherited_env` finds them.
+    `metrics_port`: the embedded cluster's Prometheus endpoint (`check_metrics_port` first); None for none.
     """
     _quiet_worker_deaths()
     if cfg.address:
@@ -68,7 +74,7 @@ def start_cluster(cfg: ClusterConfig, cpus_needed: float, env: Mapping[str, str]
         os.environ.update(env or {})
         # Logical CPUs, not cores: learners are paced by XLA threads, not by Ray's accounting.
         num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), cpus_needed)
-        _start_embedded(int(np.ceil(num_cpus)))
+        _start_embedded(int(np.ceil(num_cpus)), metrics_port)
     return {
         "address": cfg.address or "embedded",
         "driver_node": ray.get_runtime_context().get_node_id(),
@@ -142,9 +148,31 @@ def _quiet_worker_deaths() -> None:
 # -- the embedded cluster ------------------------------------------------------------------------
 
 
-def _start_embedded(num_cpus: int) -> None:
+def check_metrics_port(port: int) -> None:
+    """UserError, with the fix, when the embedded cluster could not export metrics at 127.0.0.1:`port`."""
+    from ray._private import utils
+
+    missing = utils.get_dashboard_dependency_error() if hasattr(utils, "get_dashboard_dependency_error") else None
+    if missing is not None:
+        raise UserError(
+            f"metrics.port={port} needs Ray's metrics agent, which this Ray lacks ({missing.splitlines()[0]}): "
+            "pip install 'dlc[metrics]' (Ray's default extra), or leave metrics.port out"
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise UserError(
+                f"metrics.port={port}: 127.0.0.1:{port} cannot be listened on ({exc.strerror}): choose a free port"
+            ) from None
+
+
+def _start_embedded(num_cpus: int, metrics_port: int | None = None) -> None:
     common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
-    with _without_env("RAY_ADDRESS"), _loopback_kept(), _no_dashboard_nor_monitor():
+    exporter = contextlib.nullcontext() if metrics_port is not None else _minimal_agent()
+    if metrics_port is not None:
+        common["_metrics_export_port"] = metrics_port
+    with _without_env("RAY_ADDRESS"), _loopback_kept(), _no_dashboard_nor_monitor(), exporter:
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **common)
 
 
@@ -173,6 +201,23 @@ def _no_dashboard_nor_monitor() -> Iterator[None]:
         yield
     finally:
         Node.start_api_server, Node.start_monitor = saved  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _minimal_agent() -> Iterator[None]:
+    """While it lasts, the node Ray starts runs its agent as a minimal Ray install would: no metrics
+    exporter, no HTTP server, whatever packages are installed. Used unless the run asks for metrics."""
+    from ray._private import utils
+
+    saved = getattr(utils, "get_dashboard_dependency_error", None)
+    if saved is None:  # a Ray that decides otherwise: its agent is what it is
+        yield
+        return
+    utils.get_dashboard_dependency_error = lambda: "dlc: no metrics.port"  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        utils.get_dashboard_dependency_error = saved  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

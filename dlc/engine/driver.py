@@ -18,6 +18,7 @@ from dlc.data.plan import DataPlan
 from dlc.engine.control import start_chaos
 from dlc.engine.evaluations import Evaluations
 from dlc.engine.interrupts import Interrupts, exit_code_of
+from dlc.engine.metrics import RayMetricsTracker
 from dlc.engine.syncer_reports import SyncerReports
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
@@ -101,7 +102,8 @@ class Driver:
             from dlc.observe.trackers import Trackers
 
             # Every event, metric and status the run directory writes reaches the trackers, from the start on.
-            self.trackers = Trackers.open(self.recipe, self.rundir.path, self.view.message)
+            extra = [RayMetricsTracker(self.rundir.path.name)] if self.recipe.metrics.on else []
+            self.trackers = Trackers.open(self.recipe, self.rundir.path, self.view.message, extra)
             self.rundir.observe(self.trackers)
         except BaseException as exc:
             # Nothing has trained yet: leave the run directory as it was.

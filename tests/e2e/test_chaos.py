@@ -1,4 +1,5 @@
-"""Chaos on the real engine: kills and a preemption, a frozen learner and a syncer kill, and what they cost."""
+"""Chaos on the real engine: kills and a preemption, a frozen learner and a syncer kill, what they cost,
+and what a cluster's Prometheus sees of them."""
 
 import json
 from collections import Counter
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlc.observe.reader import voided
-from tests.helpers import STEPS, TINY, read_jsonl, run_cli
+from tests.helpers import STEPS, TINY, MetricsScraper, free_metrics_port, read_jsonl, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -32,7 +33,12 @@ def test_two_kills_and_a_preemption_heal_and_cost_little(tmp_path, calm_run):
     # Paced: a learner left alone on the cores (its peers dead or restarting) would otherwise finish
     # its 300 steps before the last fault comes (seen: learner 3 at 6 steps/s, done at 48 s).
     paced = "learners.step_time_s=0.25"
-    result = run_cli("train", str(TINY), f"run.dir={storm}", STEPS, paced, "--chaos", str(plan), timeout=900)
+    port = free_metrics_port()
+    with MetricsScraper(port) as scraped:
+        metrics = f"metrics.port={port}"
+        result = run_cli(
+            "train", str(TINY), f"run.dir={storm}", STEPS, paced, metrics, "--chaos", str(plan), timeout=900
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     # Ray's report of each dead worker (which guesses at the OOM killer) stays off the console.
     assert "A worker died" not in result.stdout + result.stderr
@@ -87,6 +93,31 @@ def test_two_kills_and_a_preemption_heal_and_cost_little(tmp_path, calm_run):
     by_learner = summary["goodput_by_learner"]
     assert by_learner["3"]["preempted"] > 0 and by_learner["3"]["dead"] == 0 and by_learner["1"]["preempted"] == 0
     assert summary["badput"]["dead"] > 0 and summary["goodput"] < 1
+    # What a cluster's Prometheus scrapes, as it went: each learner's tokens, losses and throughput, goodput
+    # and its buckets, contributors, bytes and the faults, each present and moving; MFU unknown on a CPU.
+    assert f"Prometheus metrics (ray_dlc_*): http://127.0.0.1:{port}/metrics" in result.stdout + result.stderr
+    run_label = {"run": storm.name}
+    moving = [("ray_dlc_run_tokens", {}), ("ray_dlc_sync_bytes_up", {}), ("ray_dlc_sync_rounds", {})]
+    moving += [("ray_dlc_learner_tokens", {"learner": str(i)}) for i in range(4)]
+    moving += [("ray_dlc_train_loss", {"learner": str(i)}) for i in range(4)]
+    for name, labels in moving:
+        values = scraped.values(name, **run_label, **labels)
+        assert len(set(values)) >= 2, (name, labels, values)
+    present = [
+        ("ray_dlc_learner_tokens_per_s", {"learner": "0"}),
+        ("ray_dlc_goodput_goodput", {}),
+        ("ray_dlc_goodput_badput_s", {"bucket": "dead"}),
+        ("ray_dlc_goodput_badput_s", {"bucket": "preempted"}),
+        ("ray_dlc_sync_contributors", {}),
+        ("ray_dlc_sync_bytes_down", {}),
+        ("ray_dlc_eval_loss", {}),
+        ("ray_dlc_events", {"kind": "learner_died"}),
+        ("ray_dlc_events", {"kind": "learner_preempted"}),
+    ]
+    for name, labels in present:
+        assert scraped.values(name, **run_label, **labels), (name, labels)
+    assert max(scraped.values("ray_dlc_events", kind="learner_died", **run_label)) == 2
+    assert not scraped.values("ray_dlc_run_mfu") and not scraped.values("ray_dlc_learner_mfu")
 
 
 def merged_exactly_once(events: list[dict]) -> tuple[int, int]:

@@ -99,10 +99,13 @@ class Trackers:
         self._lock = threading.Lock()  # a tracker is told of one record at a time, whichever thread wrote it
 
     @classmethod
-    def open(cls, recipe: Recipe, run_dir: Path, say: Callable[[str], None]) -> Trackers:
-        """Start the trackers of `recipe.track` for `run_dir`, going on in the tracker runs trackers.json names."""
+    def open(
+        cls, recipe: Recipe, run_dir: Path, say: Callable[[str], None], extra: list[Tracker] | None = None
+    ) -> Trackers:
+        """Start the trackers of `recipe.track` for `run_dir`, going on in the tracker runs trackers.json names;
+        `extra`: trackers already started, beside them (the engine's Ray metrics)."""
         kept = read_json(run_dir / TRACKERS_FILE) or {}
-        opened: list[Tracker] = []
+        opened: list[Tracker] = list(extra or [])
         for name in recipe.track:
             # `check_trackers` refused what could be foreseen; the run directory has begun by now, so a
             # tracker that fails here is left out, like one that fails later, and training goes on.

@@ -31,6 +31,8 @@ NOTED = frozenset(
         "learner_joining",
         "learner_left",
         "learner_lost",
+        "learner_preempted",
+        "node_draining",
         "link_degraded",
         "link_cut",
         "restart_retried",
@@ -110,7 +112,8 @@ def metric_points(record: dict[str, Any]) -> list[Point]:
 
 
 def status_points(snapshot: dict[str, Any]) -> list[Point]:
-    """A status.json snapshot: throughput, goodput and its badput buckets, the syncer's rounds and bytes."""
+    """A status.json snapshot: throughput, goodput and its badput buckets, each learner's step, tokens,
+    tokens/s and MFU, the syncer's rounds and bytes."""
     step = snapshot.get("step") or 0
     points = [
         *_point("run/tokens", snapshot.get("tokens"), step, MEAN_STEP),
@@ -121,6 +124,12 @@ def status_points(snapshot: dict[str, Any]) -> list[Point]:
     ]
     for bucket, seconds in sorted((snapshot.get("badput") or {}).items()):
         points += _point(f"goodput/badput_s/{bucket}", seconds, step, MEAN_STEP)
+    for row in snapshot.get("learners") or []:
+        if not isinstance(row.get("id"), int):  # a hot spare's row is named, not numbered
+            continue
+        i = row["id"]
+        for key in ("step", "tokens", "tokens_per_s", "mfu"):
+            points += _point(f"learner/{key}/learner_{i}", row.get(key), step, MEAN_STEP)
     syncer = snapshot.get("syncer") or {}
     for key, name in (
         ("bytes_up", "sync/bytes_up"),

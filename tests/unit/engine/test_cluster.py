@@ -57,6 +57,10 @@ def test_embedded_cluster_runs_no_dashboard_and_listens_only_on_loopback():
     assert not [c for c in commands if "dashboard/dashboard.py" in c or "autoscaler/_private/monitor.py" in c]
     listening = [(p["cmd"][:60], ip) for p in seen["procs"] for ip in p["listen"]]
     assert listening and all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for _, ip in listening), listening
+    # With no metrics.port, the node's agent is a minimal one (no HTTP server, no exporter), whatever
+    # Ray's extras are installed.
+    agents = [c for c in commands if "dashboard/agent.py" in c]
+    assert agents and all("--minimal" in c for c in agents), agents
 
 
 def test_a_cluster_address_nobody_listens_on_is_refused_in_seconds(tmp_path: Path):
@@ -90,6 +94,27 @@ def test_fewer_embedded_cpus_than_the_recipe_reserves_is_refused(tmp_path: Path)
     assert not run_dir.exists()
     # Joining a cluster, num_cpus is the cluster's business: not checked against the recipe here.
     assert load_recipe(TINY, ["cluster.num_cpus=3", "cluster.address=10.0.0.5:6379"]).cluster.num_cpus == 3
+
+
+def test_a_metrics_port_in_use_or_a_ray_without_its_metrics_agent_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    run_dir = tmp_path / "run"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("train", str(TINY), f"metrics.port={port}", f"run.dir={run_dir}")
+    assert_user_error(result, f"metrics.port={port}: 127.0.0.1:{port} cannot be listened on", "choose a free port")
+    assert not run_dir.exists()
+    from ray._private import utils
+
+    monkeypatch.setattr(utils, "get_dashboard_dependency_error", lambda: "No module named 'aiohttp'")
+    result = invoke("train", str(TINY), f"metrics.port={port}", f"run.dir={run_dir}")
+    assert_user_error(result, "needs Ray's metrics agent", "No module named 'aiohttp'", "pip install 'dlc[metrics]'")
+    assert not run_dir.exists()
+    # Joining a cluster, the endpoint is the cluster's: metrics.enabled, not metrics.port.
+    assert load_recipe(TINY, ["metrics.enabled=true", "cluster.address=10.0.0.5:6379"]).metrics.on
 
 
 def _node(node_id: str, cpus: float, labels: dict | None = None, **custom: float) -> dict:

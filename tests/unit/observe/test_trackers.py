@@ -245,6 +245,15 @@ def test_records_become_named_points():
     assert names["run/tokens_per_s"] == 2048.0 and names["sync/rounds"] == 3
 
 
+def test_each_numbered_learners_status_row_is_its_own_series():
+    # A hot spare's (named) row is not; an MFU the device's peak cannot give is left out.
+    rows = [{"id": 0, "step": 5, "tokens": 640, "tokens_per_s": 99.0, "mfu": None}, {"id": "spare-0", "step": 0}]
+    names = {p.name: p.value for p in status_points(status(4.0, learners=rows))}
+    assert names["learner/tokens/learner_0"] == 640 and names["learner/step/learner_0"] == 5
+    assert names["learner/tokens_per_s/learner_0"] == 99.0
+    assert "learner/mfu/learner_0" not in names and not [n for n in names if "spare" in n]
+
+
 # -- trackers that cannot start ------------------------------------------------------------------------------
 
 

@@ -47,8 +47,8 @@ class ModelConfig(Section):
     tie_embeddings: bool = Field(True, description="Reuse the input embedding as the output layer.")
     remat: Literal["none", "block"] = Field(
         "none",
-        description="block: keep only each block's input for the backward pass and recompute the rest "
-        "(jax.checkpoint): activations of about one block instead of all, for about a third more compute a step. "
+        description="block: keep only each block's input for the backward pass and recompute the rest there: "
+        "activations of about one block instead of all, for about a third more compute a step. "
         "Free to change on resume.",
     )
     init_std: float = Field(0.02, gt=0, description="Standard deviation of the normal initialisation.")

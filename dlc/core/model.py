@@ -129,9 +129,31 @@ class Block(nnx.Module):
         return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
 
 
-def _run_block(block: Block, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
-    """One block's forward: under `model.remat=block`, recomputed in the backward pass from its input."""
-    return block(x_BxTxD, positions_T)
+def _remat_block(block: Block, x_BxTxD: jax.Array) -> jax.Array:
+    """One block's forward whose activations the backward pass recomputes from its input (`model.remat=block`).
+
+    Not `jax.checkpoint`: XLA's CPU compiler drops the optimization barriers that keep its
+    recomputation apart and schedules it right after the forward pass, so every activation is
+    kept anyway (measured: the same temporary bytes with and without it). The recomputation here
+    runs inside a conditional on the cotangent that reaches the block, which no compiler can start
+    before that cotangent exists; both branches are the same computation.
+    """
+    graphdef, state = nnx.split(block)
+
+    def forward(state: Any, x_BxTxD: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, state)(x_BxTxD, jnp.arange(x_BxTxD.shape[1]))
+
+    def backward(saved: tuple[Any, jax.Array], g_BxTxD: jax.Array) -> tuple[Any, jax.Array]:
+        def recompute(operands: tuple[Any, jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
+            state, x_BxTxD, g_BxTxD = operands
+            return jax.vjp(forward, state, x_BxTxD)[1](g_BxTxD)
+
+        arrived = jnp.isfinite(g_BxTxD.ravel()[0])
+        return jax.lax.cond(arrived, recompute, recompute, (*saved, g_BxTxD))
+
+    run = jax.custom_vjp(forward)
+    run.defvjp(lambda state, x_BxTxD: (forward(state, x_BxTxD), (state, x_BxTxD)), backward)
+    return run(state, x_BxTxD)
 
 
 def _residual_init(cfg: ModelConfig) -> Any:
@@ -161,9 +183,8 @@ class Transformer(nnx.Module):
         x_BxTxD = self.embed(tokens_BxT)
         if self.pos_embed is not None:
             x_BxTxD = x_BxTxD + self.pos_embed(positions_T)[None]
-        run = nnx.remat(_run_block) if self.remat else _run_block
         for block in self.blocks:
-            x_BxTxD = run(block, x_BxTxD, positions_T)
+            x_BxTxD = _remat_block(block, x_BxTxD) if self.remat else block(x_BxTxD, positions_T)
         # The output layer in float32 whatever the compute dtype: with a large vocabulary, bfloat16 logits
         # (about 3 significant digits) would add noise to the loss.
         x_BxTxD = self.norm_out(x_BxTxD).astype(jnp.float32)

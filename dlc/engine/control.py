@@ -84,16 +84,18 @@ def carry_out(request: dict[str, Any], supervisor: Supervisor) -> None:
     if op in ("kill", "stall", "preempt", "kill_node", "kill_syncer"):
         views = {j: supervisor.slots[j].view for j in live}
         supervisor.signals.carry_out(request, views, supervisor.syncer_pid, supervisor.syncer_node)
-    elif op == "slow" and slot is not None and i in live:
+    # The chaos plan resolves every factor and duration (its defaults are the only ones): a request
+    # without what its fault needs is ignored, never given a default of the engine's own.
+    elif op == "slow" and slot is not None and i in live and request.get("factor"):
         duration = request.get("duration_s")
         seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
-        slot.handle.set_slow.remote(float(request.get("factor") or 2.0), seconds)
+        slot.handle.set_slow.remote(float(request["factor"]), seconds)
         supervisor.rundir.event(
             "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
         )
-    elif op in ("degrade_link", "cut_link") and slot is not None and i in live:
-        factor = float(request.get("factor") or 10.0) if op == "degrade_link" else None
-        seconds = float(request.get("duration_s") or 10.0)
+    elif op in ("degrade_link", "cut_link") and slot is not None and i in live and _link_fault_given(request):
+        factor = float(request["factor"]) if op == "degrade_link" else None
+        seconds = float(request["duration_s"])
         slot.handle.impair_link.remote(factor, seconds)  # the uplink
         supervisor.syncer.impair_link.remote(i, factor, seconds)  # the downlink
         supervisor.rundir.event("link_degraded" if factor else "link_cut", learner=i, factor=factor, duration_s=seconds)
@@ -102,8 +104,17 @@ def carry_out(request: dict[str, Any], supervisor: Supervisor) -> None:
     elif op == "join" and supervisor.join_streams:
         supervisor.join(request.get("duration_s"))
     else:
-        reason = "no data stream left for a joiner" if op == "join" else "unknown op or learner not live"
+        reason = (
+            "no data stream left for a joiner"
+            if op == "join"
+            else "unknown op, learner not live, or the fault's factor or duration missing"
+        )
         supervisor.rundir.event("control_ignored", request=request, reason=reason)
+
+
+def _link_fault_given(request: dict[str, Any]) -> bool:
+    """A link fault's request names its duration, and a degrade_link its factor too."""
+    return bool(request.get("duration_s")) and (request["op"] == "cut_link" or bool(request.get("factor")))
 
 
 def _size(path: Path) -> int:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from dlc.engine.agent import Signals
-from dlc.engine.control import ChaosLog
+from dlc.engine.control import ChaosLog, carry_out
 
 
 class FakeAgents:
@@ -66,3 +66,40 @@ def test_a_request_for_a_process_that_is_gone_or_replaced_is_not_carried_out(tmp
         "learner 5 is not live",
         "the syncer is not the process chaos saw (pid 900 now)",
     ]
+
+
+class _Recorder:
+    """An actor handle that records each `.method.remote(...)` call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return SimpleNamespace(remote=lambda *args: self.calls.append((name, *args)))
+
+
+def test_a_slow_or_link_request_is_carried_out_with_its_own_factor_and_one_without_is_ignored():
+    learner, syncer, events = _Recorder(), _Recorder(), []
+    supervisor = SimpleNamespace(
+        slots={1: SimpleNamespace(handle=learner, view={})},
+        live=lambda: [1],
+        syncer=syncer,
+        join_streams=0,
+        rundir=SimpleNamespace(event=lambda kind, **fields: events.append((kind, fields))),
+    )
+    carry_out({"op": "slow", "learner": 1, "factor": 3.0, "duration_s": None}, supervisor)
+    carry_out({"op": "degrade_link", "learner": 1, "factor": 30.0, "duration_s": 12.0}, supervisor)
+    carry_out({"op": "cut_link", "learner": 1, "duration_s": 5.0}, supervisor)
+    assert learner.calls == [("set_slow", 3.0, float("inf")), ("impair_link", 30.0, 12.0), ("impair_link", None, 5.0)]
+    assert syncer.calls == [("impair_link", 1, 30.0, 12.0), ("impair_link", 1, None, 5.0)]
+    # The plan resolves every factor and duration: the engine has no defaults of its own to disagree with.
+    for partial in (
+        {"op": "slow", "learner": 1, "duration_s": 5.0},
+        {"op": "degrade_link", "learner": 1, "duration_s": 5.0},
+        {"op": "degrade_link", "learner": 1, "factor": 10.0},
+        {"op": "cut_link", "learner": 1},
+    ):
+        carry_out(partial, supervisor)
+    ignored = [fields for kind, fields in events if kind == "control_ignored"]
+    assert len(ignored) == 4 and all("factor or duration missing" in f["reason"] for f in ignored)
+    assert len(learner.calls) == 3

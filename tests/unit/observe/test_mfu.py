@@ -5,8 +5,8 @@ import pytest
 from dlc.config.budget import Budget
 from dlc.config.load import load_recipe
 from dlc.core.abstract import param_count
-from dlc.observe.snapshot import RunView, Snapshots
 from dlc.observe.mfu import flops_per_token, mfu, peak_flops
+from dlc.observe.snapshot import RunView, Snapshots
 from tests.helpers import TINY
 
 

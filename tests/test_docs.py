@@ -167,3 +167,22 @@ def test_dlc_lines_name_real_commands_and_options():
                         bad = [a for a in argv[2:] if a.startswith("-") and a.split("=")[0] not in known[argv[1]]]
                     wrong += [f"{path.relative_to(REPO)}: {part.strip()}: {b}" for b in bad]
     assert wrong == []
+
+
+# Where the code writes an event: a call of `event` or `_event` naming its kind, or an event the
+# algorithms' syncers build as a record ({"kind": ...}) and the engine writes.
+EMITTED = re.compile(r'\b_?event\(\s*"([a-z_]+)"')
+BUILT = re.compile(r'"kind":\s*"([a-z_]+)"')
+
+
+def test_every_event_the_code_writes_is_in_the_catalog():
+    page = (DOCS / "concepts/run-directory.md").read_text()
+    catalog = page[page.index("## Events") :]
+    written: dict[str, str] = {}
+    for path in sorted([*(REPO / "dlc").rglob("*.py"), *(REPO / "chaos").rglob("*.py")]):
+        text = path.read_text()
+        kinds = EMITTED.findall(text) + (BUILT.findall(text) if "dlc/algo" in str(path) else [])
+        written.update({kind: str(path.relative_to(REPO)) for kind in kinds})
+    assert len(written) > 40  # the scan still finds the code's events
+    missing = {kind: where for kind, where in written.items() if f"`{kind}`" not in catalog}
+    assert missing == {}, f"events written but not in docs/concepts/run-directory.md's catalog: {missing}"

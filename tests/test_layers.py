@@ -1,4 +1,5 @@
-"""The import rule: a package imports only packages below it, and only the engine imports Ray."""
+"""The import rule: a package imports only packages below it, no modules import each other round a circle,
+and only the engine imports Ray."""
 
 from __future__ import annotations
 
@@ -78,3 +79,55 @@ def test_only_the_engine_imports_ray():
         if imported == "ray" or imported.startswith("ray.")
     ]
     assert outside == []
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module -> the modules of dlc and chaos it imports, anywhere in it (type-checking imports too:
+    a circle of types is a circle of meaning); `from PACKAGE import MODULE` counts as the module."""
+    names = {name for name, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules():
+        found = {imported for _, imported in imports(path) if imported in names}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {f"{node.module}.{alias.name}" for alias in node.names} & names
+        graph[name] = found - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_modules_import_each_other_round_a_circle():
+    # Between packages the layers forbid it; inside a package this finds it.
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles(module_graph()) == []

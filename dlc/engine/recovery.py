@@ -18,12 +18,12 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from dlc.engine.control import ChaosLog
+from dlc.engine.chaos_log import ChaosLog
+from dlc.engine.slots import LearnerSlot, Recovery
 from dlc.engine.spares import SparePool
 from dlc.errors import UserError
 from dlc.observe.goodput import Ledger
@@ -31,27 +31,9 @@ from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
 
 if TYPE_CHECKING:
-    from dlc.engine.supervisor import LearnerSlot
     from dlc.engine.syncer_reports import SyncerReports
 
 MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
-
-
-@dataclass
-class Recovery:
-    """A learner being brought back: restarting -> rejoining (copying state) -> registering (with
-    the syncer) -> awaiting its first push."""
-
-    phase: str
-    actor: Any
-    ref: Any
-    died_at: float
-    restarted_at: float | None = None
-    peer: int | None = None
-    spare: bool = False  # a hot spare took the slot over
-    data_position: int = 0  # where the learner had got to in its own stream: the new process goes on from there
-    attempts: int = 1  # processes started for this recovery (one died with its node: another is tried)
-    step: int = 0  # the dead process's last reported step: where a start from the global model goes on
 
 
 class Recoveries:

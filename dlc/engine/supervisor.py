@@ -17,16 +17,17 @@ import string
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from dlc.config.schema import Recipe
 from dlc.engine.agent import Agents, Signals
+from dlc.engine.chaos_log import ChaosLog
 from dlc.engine.cluster import draining_nodes
-from dlc.engine.control import ChaosLog, carry_out
-from dlc.engine.recovery import Recoveries, Recovery
+from dlc.engine.control import carry_out
+from dlc.engine.recovery import Recoveries
+from dlc.engine.slots import LearnerSlot, Recovery
 from dlc.engine.spares import SparePool
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.rundir import RunDir
@@ -56,26 +57,6 @@ class _Told(string.Formatter):
 
 
 _TOLD_FORMAT = _Told()
-
-
-@dataclass
-class LearnerSlot:
-    handle: Any
-    stream: Any  # ObjectRef of the learner's byte stream
-    view: dict[str, Any] = field(default_factory=dict)
-    override: str | None = None  # dead / restarting / rejoining / stalled / left, over the learner's own state
-    last_seen: float = field(default_factory=time.monotonic)
-    poll: Any = None
-    recovery: Recovery | None = None
-    awaiting_first_push: float | None = None  # wall time of the death, until a push is accepted
-    death_fault: str = "kill"  # what ended its process last, as chaos calls it: kill, kill_node or preempt
-    leave_at: float | None = None  # a joined learner retires at this monotonic time
-    ticked_at: float = field(default_factory=time.monotonic)  # the ledger has filed time up to here
-    # Of the learner's own counters of time its loop was blocked (waiting_s, checkpoint_s) and of
-    # progress its adoptions discarded (discarded_steps), what the ledger has filed; a new process
-    # counts from zero.
-    blocked_filed: dict[str, float] = field(default_factory=dict)
-    finished: bool = False
 
 
 class Supervisor(Recoveries):

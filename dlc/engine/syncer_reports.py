@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import ray
 
@@ -26,8 +26,13 @@ from dlc.observe.reader import voided
 from dlc.run.files import EVENTS_FILE, read_jsonl
 from dlc.run.rundir import RunDir
 
-if TYPE_CHECKING:
-    from dlc.engine.supervisor import Supervisor
+
+class Supervisor(Protocol):
+    """What the syncer's reports tell the supervisor: the events it acts on, and the syncer's process."""
+
+    syncer_pid: int | None
+
+    def note_syncer_events(self, events: list[dict[str, Any]]) -> None: ...
 
 
 class Accepted(NamedTuple):

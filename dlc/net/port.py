@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dlc.net.framing import GONE, Frame, Peer, hang_up
 
-if TYPE_CHECKING:
-    from dlc.net.channel import Hub
+
+class Hub(Protocol):
+    """What a port uses of the hub that opened it (`dlc.net.channel.Hub`)."""
+
+    def frame(self, message: Any) -> Frame: ...
+    def batch_of_this_thread(self) -> dict[Port, Frame] | None: ...
 
 
 class Port:

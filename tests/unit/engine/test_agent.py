@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from dlc.engine.agent import Signals
-from dlc.engine.control import ChaosLog, carry_out
+from dlc.engine.chaos_log import ChaosLog
+from dlc.engine.control import carry_out
 
 
 class FakeAgents:

@@ -81,6 +81,20 @@ def test_only_the_engine_imports_ray():
     assert outside == []
 
 
+def test_the_engine_asks_an_algorithm_only_through_its_protocol():
+    # Which algorithm runs is the recipe's business: the engine reaches them through dlc.algo's
+    # registry (get_algorithm) and protocol, never into one algorithm's own modules.
+    allowed = {"dlc.algo", "dlc.algo.protocol", "dlc.algo.counters"}
+    reaching = [
+        f"{path.relative_to(REPO)}:{line} imports {imported}"
+        for name, path in modules()
+        if name.startswith(("dlc.engine", "dlc.train", "dlc.cli"))
+        for line, imported in imports(path)
+        if imported.startswith("dlc.algo") and imported not in allowed
+    ]
+    assert reaching == []
+
+
 def module_graph() -> dict[str, set[str]]:
     """Each module -> the modules of dlc and chaos it imports, anywhere in it (type-checking imports too:
     a circle of types is a circle of meaning); `from PACKAGE import MODULE` counts as the module."""

@@ -1,7 +1,8 @@
 """What the engine may ask of an algorithm: the learner's side, the syncer's side, its traffic.
 
-The engine's loops (learner actor, syncer actor, driver, supervisor) only use these; each
-algorithm's package implements them. Kept apart from the implementations so a reader sees the
+The engine's loops (learner actor, syncer actor, driver, supervisor) only use these, and the
+vocabulary both sides share (how a learner's pushes are numbered across its restarts, why a push
+is refused: what a syncer's journal may record); each algorithm's package implements them. Kept apart from the implementations so a reader sees the
 seam in one page.
 """
 
@@ -10,11 +11,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol
 
 import numpy as np
 
 from dlc.algo.counters import SyncCounters
+
+# A learner's seqs: incarnation k (its k-th restart, numbered by the engine) numbers its pushes from
+# k * SEQ_STRIDE, so a (learner, seq) pair names one push for the whole run, across restarts of either side.
+SEQ_STRIDE = 10**9
+
+
+class Reject(StrEnum):
+    """Why a push was not folded in."""
+
+    DUPLICATE = "duplicate"  # (learner, seq) seen before, or contained in a newer push
+    MALFORMED = "malformed"  # bad fragment index, length, codec, counters or version
+    NONFINITE = "nonfinite"  # NaN or Inf after decoding
+    STALE = "stale"  # current version - base_version > max_staleness
+    NORM_OUTLIER = "norm_outlier"  # norm far from the fragment's recent accepted norms
 
 
 class LearnerSync(Protocol):

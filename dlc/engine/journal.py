@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dlc.algo.decoupled.rounds import Reject
+from dlc.algo.protocol import Reject
 from dlc.errors import UserError
 
 # Every record starts with the pickle protocol header: a tail that does not is not a record cut short.

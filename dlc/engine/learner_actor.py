@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from dlc.algo.decoupled.messages import SEQ_STRIDE
+from dlc.algo.protocol import SEQ_STRIDE
 from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap, release_freed_memory
 from dlc.core.profiler import StepProfiler

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dlc.algo.decoupled.messages import SEQ_STRIDE
+from dlc.algo.protocol import SEQ_STRIDE
 from dlc.run.checkpoint import Checkpointer
 
 if TYPE_CHECKING:

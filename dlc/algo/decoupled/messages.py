@@ -25,11 +25,6 @@ class FragmentRequest:
     payload: None = None
 
 
-# A learner's seqs: incarnation k (its k-th restart) numbers its pushes from k * SEQ_STRIDE, so a
-# (learner, seq) pair names one push for the whole run, also across restarts of either side.
-SEQ_STRIDE = 10**9
-
-
 @dataclass(frozen=True)
 class Push:
     """One outer gradient of one fragment from one learner."""

@@ -34,24 +34,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
 from dlc.algo.decoupled.guards import GraceWindow, NormOutlier, quorum_needed
-from dlc.algo.decoupled.messages import SEQ_STRIDE, Push
+from dlc.algo.decoupled.messages import Push
 from dlc.algo.decoupled.round_state import Entry, MergedPush, Round, RoundResult, SeqLog
+from dlc.algo.protocol import SEQ_STRIDE, Reject
 from dlc.core.codec import Encoded, get_codec
-
-
-class Reject(StrEnum):
-    """Why a push was not folded in."""
-
-    DUPLICATE = "duplicate"  # (learner, seq) seen before, or contained in a newer push
-    MALFORMED = "malformed"  # bad fragment index, length, codec, counters or version
-    NONFINITE = "nonfinite"  # NaN or Inf after decoding
-    STALE = "stale"  # current version - base_version > max_staleness
-    NORM_OUTLIER = "norm_outlier"  # norm far from the fragment's recent accepted norms
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,12 @@ from dlc.algo.counters import SyncCounters
 from dlc.algo.decoupled.downlink import Downlink
 from dlc.algo.decoupled.guards import GraceWindow
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
-from dlc.algo.decoupled.rounds import Reject, RoundBook, RoundResult
+from dlc.algo.decoupled.rounds import RoundBook, RoundResult
 from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
 from dlc.algo.merge import merge_deltas, merge_weights
 from dlc.algo.outer import make_outer
+from dlc.algo.protocol import Reject
 from dlc.config.schema import Recipe
 from dlc.core.fragments import FragmentPlan
 

@@ -9,7 +9,8 @@ import pytest
 
 from dlc.algo.decoupled.guards import GraceWindow, NormOutlier, quorum_needed
 from dlc.algo.decoupled.messages import Push
-from dlc.algo.decoupled.rounds import Reject, RoundBook
+from dlc.algo.decoupled.rounds import RoundBook
+from dlc.algo.protocol import Reject
 from dlc.core.codec import Encoded, get_codec
 
 SIZE = 4

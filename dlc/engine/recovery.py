@@ -15,7 +15,6 @@ chaos fault goes to chaos.jsonl.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,8 @@ class Recoveries:
     chaos: ChaosLog
     feasible: Callable[[int], str | None] | None
     failure: str | None
+    clock: Callable[[], float]  # seconds for intervals
+    wall: Callable[[], float]  # Unix seconds, as events record them
 
     if TYPE_CHECKING:  # the supervisor's own
 
@@ -121,7 +122,7 @@ class Recoveries:
         if spare is not None:
             ref = spare.actor.take_slot.remote(i, slot.stream, incarnation)
             slot.recovery = Recovery(
-                "restarting", spare.actor, ref, died_at=time.time(), spare=True, data_position=position, step=step
+                "restarting", spare.actor, ref, died_at=self.wall(), spare=True, data_position=position, step=step
             )
             slot.view["phase"] = f"spare {spare.name} taking over"
             self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
@@ -129,7 +130,7 @@ class Recoveries:
         else:
             actor = self.make_learner(i, slot.stream, incarnation)
             slot.recovery = Recovery(
-                "restarting", actor, actor.ready.remote(), died_at=time.time(), data_position=position, step=step
+                "restarting", actor, actor.ready.remote(), died_at=self.wall(), data_position=position, step=step
             )
         slot.override = "restarting"
         self.restarts[i] += 1
@@ -156,7 +157,7 @@ class Recoveries:
                 self._recovery_failed(i, slot, rec, exc)
                 continue
             if rec.phase == "restarting":
-                rec.restarted_at = time.time()
+                rec.restarted_at = self.wall()
                 self.rundir.event(
                     "learner_restarted",
                     learner=i,
@@ -178,7 +179,7 @@ class Recoveries:
                 rec.actor.start.remote(None, None)
                 slot.handle, slot.recovery, slot.override = rec.actor, None, None
                 slot.blocked_filed = {}  # the new process counts from zero
-                slot.last_seen = time.monotonic()
+                slot.last_seen = self.clock()
                 slot.awaiting_first_push = rec.died_at
 
     def _copy_state(self, i: int, slot: LearnerSlot, rec: Recovery) -> None:
@@ -248,7 +249,7 @@ class Recoveries:
         return True
 
     def _healthy_peer(self, exclude: int) -> int | None:
-        now = time.monotonic()
+        now = self.clock()
         candidates = [
             (slot.view.get("step", 0), i)
             for i, slot in self.slots.items()
@@ -262,7 +263,7 @@ class Recoveries:
 
         The pushes it had accepted into rounds still open died with it (a journal keeps closed rounds):
         `reports` logs each as lost before the learners re-send them, so a reader counts each once."""
-        died = time.time()
+        died = self.wall()
         chaos = self.chaos
         self.rundir.event("syncer_died")
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
@@ -280,7 +281,7 @@ class Recoveries:
             # One that died meanwhile re-sends nothing: the supervisor's next poll finds it dead.
             with contextlib.suppress(ray.exceptions.RayActorError):
                 resent += ray.get(ref)
-        after = round(time.time() - died, 3)
+        after = round(self.wall() - died, 3)
         self.forgive_silence()  # the driver was busy here, not the learners silent
         self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)
         chaos.outcome(

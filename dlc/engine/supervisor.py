@@ -72,8 +72,12 @@ class Supervisor(Recoveries):
         syncer_node: str | None = None,
         feasible: Callable[[int], str | None] | None = None,
         say: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.recipe = recipe
+        self.clock = clock  # seconds for intervals (the ledger, silences, deadlines)
+        self.wall = wall  # Unix seconds, as events and chaos.jsonl record them
         self.rundir = rundir
         self.say = say  # a line on the console (above the live view, or in the log)
         self.syncer = syncer
@@ -104,18 +108,29 @@ class Supervisor(Recoveries):
 
     def add(self, index: int, handle: Any, stream: Any, pid: int, since: float) -> None:
         """A learner of the run; its allocation (and start-up time) began at monotonic time `since`."""
-        self.slots[index] = LearnerSlot(handle, stream, view={"id": index, "state": "starting", "pid": pid})
-        self.ledger.tick(index, "starting", time.monotonic() - since)
+        now = self.clock()
+        self.slots[index] = LearnerSlot(
+            handle, stream, view={"id": index, "state": "starting", "pid": pid}, last_seen=now, ticked_at=now
+        )
+        self.ledger.tick(index, "starting", self.clock() - since)
 
     def join(self, duration_s: float | None) -> None:
         """A temporary learner with its own data stream, brought in by a peer copy like a restart."""
         index = max(self.slots) + 1
         stream = self.join_streams.pop(0)
         actor = self.make_learner(index, stream, 0)
-        self.slots[index] = LearnerSlot(actor, stream, view={"id": index, "state": "restarting"}, override="restarting")
-        self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=time.time())
+        now = self.clock()
+        self.slots[index] = LearnerSlot(
+            actor,
+            stream,
+            view={"id": index, "state": "restarting"},
+            override="restarting",
+            last_seen=now,
+            ticked_at=now,
+        )
+        self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=self.wall())
         if duration_s is not None:
-            self.slots[index].leave_at = time.monotonic() + float(duration_s)
+            self.slots[index].leave_at = self.clock() + float(duration_s)
         self.rundir.event("learner_joining", learner=index, duration_s=duration_s)
 
     def leave(self, index: int) -> None:
@@ -156,7 +171,7 @@ class Supervisor(Recoveries):
 
     def tick(self, absorb: Any) -> None:
         """Poll, detect, advance recoveries, fill the ledger. `absorb(i, result)` logs a poll."""
-        now = time.monotonic()
+        now = self.clock()
         # Chaos lines first: a kill injected and detected within one tick must already be known
         # as injected when its outcome is recorded. Requests are carried out before the polls, so
         # a signal is on its way while this tick works (the driver's next tick comes early then).
@@ -187,7 +202,7 @@ class Supervisor(Recoveries):
             self.draining.add(node)
             for i in on_node:
                 self.slots[i].handle.give_notice.remote("node draining", deadline)
-            left = None if deadline is None else round(deadline - time.time(), 1)
+            left = None if deadline is None else round(deadline - self.wall(), 1)
             name = self.slots[on_node[0]].view.get("node") or node[:8]
             self._event("node_draining", node_id=node, node=name, learners=on_node, deadline_in_s=left)
 
@@ -196,21 +211,21 @@ class Supervisor(Recoveries):
         tick carries out a chaos request: a poll answered meanwhile is as old as the wait, and a
         learner killed now would come back at that old data position, reading again what it had read.
         A frozen learner does not answer; `wait_s` bounds the wait for it."""
-        self._poll(absorb, time.monotonic())
+        self._poll(absorb, self.clock())
         pending = [slot.poll for slot in self.slots.values() if slot.poll is not None]
         if pending:
             ray.wait(pending, num_returns=len(pending), timeout=wait_s)
-        self._poll(absorb, time.monotonic())
+        self._poll(absorb, self.clock())
 
     def forgive_silence(self) -> None:
         """After the driver itself was busy (a syncer restart), no learner has been silent."""
-        now = time.monotonic()
+        now = self.clock()
         for slot in self.slots.values():
             slot.last_seen = max(slot.last_seen, now)
 
     def file_time(self) -> None:
         """File each learner's time since the last call under its current state's bucket."""
-        now = time.monotonic()
+        now = self.clock()
         for i, slot in self.slots.items():
             state, dt = self.state_of(i), now - slot.ticked_at
             if STATE_BUCKET.get(state) == "productive":
@@ -275,7 +290,7 @@ class Supervisor(Recoveries):
             if slot is None:
                 continue
             if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
-                after = time.time() - slot.awaiting_first_push
+                after = self.wall() - slot.awaiting_first_push
                 fault = slot.death_fault
                 self._event("learner_recovered", learner=event["learner"], after_s=round(after, 3), fault=fault)
                 self.chaos.outcome(

@@ -27,8 +27,7 @@ def rundir(tmp_path):
 
 def test_blocked_time_of_a_training_learner_is_filed_as_waiting_and_checkpoint(rundir, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(supervisor_module.time, "monotonic", lambda: now[0])
-    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[])
+    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[], clock=lambda: now[0])
     sup.slots[0] = slot = LearnerSlot(handle=None, stream=None, view={"state": "training"}, ticked_at=100.0)
     # 10 s training, of which its loop spent 1.5 s copying its state for a peer and 2 s checkpointing.
     slot.view.update(waiting_s=1.5, checkpoint_s=2.0)
@@ -49,9 +48,8 @@ def test_progress_an_adoption_discarded_is_filed_as_wasted(rundir, monkeypatch):
     """A learner that replaced fragments it had trained on since its push reports the steps thrown away
     (in whole-model steps); the ledger moves them, at its step time, from productive to wasted, once."""
     now = [100.0]
-    monkeypatch.setattr(supervisor_module.time, "monotonic", lambda: now[0])
     fake_ray(monkeypatch)
-    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[])
+    sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[], clock=lambda: now[0])
     view = {"state": "training", "tokens_per_s": 1000.0, "tokens_per_step": 100}  # 0.1 s a step
     snapshot = {**view, "discarded_steps": 2.5}
     answer = Ref({"snapshot": snapshot, "events": [], "metrics": [], "error": None})
@@ -216,7 +214,7 @@ def test_a_death_and_the_recovery_are_said_on_the_console(rundir, monkeypatch):
     sup.slots[1] = LearnerSlot(handle=None, stream="s1", view={"state": "training", "step": 40, "data_position": 37})
     sup._on_death(1)
     assert said == ["learner 1 died at step 40"]
-    sup.slots[1].awaiting_first_push = supervisor_module.time.time() - 3.0
+    sup.slots[1].awaiting_first_push = sup.wall() - 3.0
     sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
     assert said[1].startswith("learner 1 back: pushing again 3.0") and said[1].endswith("s after it died")
     assert [e["kind"] for e in events(rundir)][-2:] == ["learner_died", "learner_recovered"]
@@ -267,10 +265,11 @@ def test_a_learner_that_left_on_its_notice_is_replaced_and_nothing_it_trained_is
     fake = fake_ray(monkeypatch)
     said: list[str] = []
     now = [100.0]
-    monkeypatch.setattr(supervisor_module.time, "monotonic", lambda: now[0])
     rundir.begin()
     new = Actor("new")
-    sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), lambda i, s, n: new, [], say=said.append)
+    sup = Supervisor(
+        load_recipe(TINY), rundir, Actor("syncer"), lambda i, s, n: new, [], say=said.append, clock=lambda: now[0]
+    )
     notice = {"reason": "SIGTERM", "at": 1.0, "deadline": None, "fragments": 24, "leave_s": 1.25}
     view = {"state": "preempted", "step": 40, "data_position": 37, "unpushed_steps": 0.0, "notice": notice,
             "tokens": 4096, "tokens_per_s": 1000.0, "tokens_per_step": 1024}  # fmt: skip
@@ -291,7 +290,7 @@ def test_a_learner_that_left_on_its_notice_is_replaced_and_nothing_it_trained_is
     sup._advance_recoveries()  # the new process is up: it copies the global model (no healthy peer)
     ((_, position, step),) = new.called("import_global")
     assert (position, step) == (37, 40) and sup.restarts[1] == 1 and sup.dead_tokens[1] == 4096
-    sup.slots[1].awaiting_first_push = supervisor_module.time.time() - 2.0
+    sup.slots[1].awaiting_first_push = sup.wall() - 2.0
     sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
     assert said[-1].startswith("learner 1 back: pushing again 2.0") and said[-1].endswith("after it left on its notice")
 

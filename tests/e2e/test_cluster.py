@@ -258,3 +258,48 @@ def _connections(proc: psutil.Process) -> list:
     with contextlib.suppress(psutil.Error):
         return proc.net_connections(kind="inet")
     return []
+
+
+# Joins the cluster as `dlc train` does, puts an actor on the second node (as a learner would be), has
+# Ray drain that node as an autoscaler taking a spot VM back would (`ray drain-node`, with a deadline),
+# and prints what the supervisor's poll then reads.
+DRAIN = """
+import json, subprocess, sys, time
+from dlc.config.job import ClusterConfig
+from dlc.engine import cluster
+cluster.start_cluster(ClusterConfig(address=sys.argv[1]), 0)
+waited = time.time() + 60  # the second node registers with the GCS a moment after its raylet starts
+while not (seconds := [n["node_id"] for n in cluster.nodes() if "node_b" in n["resources"]]):
+    assert time.time() < waited, cluster.nodes()
+    time.sleep(0.5)
+second = seconds[0]
+import ray
+@ray.remote(num_cpus=0, resources={"node_b": 1})
+class Busy:  # a node with no work on it leaves at once when drained; one with a learner stays until it leaves
+    def ready(self): return True
+busy = Busy.remote()
+ray.get(busy.ready.remote(), timeout=120)
+before = cluster.draining_nodes()
+asked = time.time()
+subprocess.run([sys.executable, "-c", sys.argv[2], "drain-node", f"--address={sys.argv[1]}", f"--node-id={second}",
+                "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot VM reclaimed",
+                "--deadline-remaining-seconds=90"], check=True, capture_output=True)
+deadline = time.time() + 30
+while not (after := cluster.draining_nodes()) and time.time() < deadline:
+    time.sleep(0.5)
+print(json.dumps({"second": second, "before": before, "after": after, "asked": asked}))
+cluster.stop_cluster()
+"""
+
+
+def test_a_node_ray_drains_is_seen_draining_with_its_deadline(two_nodes: Cluster) -> None:
+    # The supervisor's poll reads Ray's draining nodes through a private GCS call (dlc.engine.cluster.
+    # draining_nodes): checked here against a real drain, which a Ray upgrade could otherwise break unseen.
+    result = subprocess.run(
+        [sys.executable, "-c", DRAIN, two_nodes.address, RAY_LOOPBACK],
+        env=two_nodes.env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["before"] == {} and list(seen["after"]) == [seen["second"]]
+    assert seen["after"][seen["second"]] == pytest.approx(seen["asked"] + 90, abs=15)

@@ -150,15 +150,20 @@ class Placement:
         return out
 
     def feasible(self, index: int) -> str | None:
-        """None if some live node could hold learner `index` now; else why not (its node is gone)."""
-        from dlc.engine.cluster import nodes
+        """None if some live node could hold learner `index` now; else why not (its node is gone, or
+        draining: Ray places nothing new on a node it is taking away)."""
+        from dlc.engine.cluster import draining_nodes, nodes
 
         demand = next((d for d in learner_demands(self.recipe) if d.who == f"learner {index}"), None)
         # Against each node's total: a node that could hold it once others finish is good enough (Ray
         # places it when resources free up); one that never could is not.
-        if demand is None or any(_fits(demand, n) for n in nodes()):
+        staying = [n for n in nodes() if n["node_id"] not in draining_nodes()]
+        if demand is None or any(_fits(demand, n) for n in staying):
             return None
-        return f"no live node has what learner {index} asks for ({_wants(demand)}); it is not restarted"
+        return (
+            f"no live node that is not draining has what learner {index} asks for ({_wants(demand)}); "
+            "it is not restarted"
+        )
 
     def close(self) -> None:
         if self.group is not None:

@@ -161,11 +161,17 @@ def test_spread_placement_options_and_a_lost_nodes_learner(monkeypatch):
     assert (syncer.node_id, syncer.soft) == (driver, False)  # on the driver's node, where its journal is
     # Learner 1 is pinned to the node that has node_b: while it lives a restart may wait for room
     # there; once it is gone no restart could ever be placed.
+    monkeypatch.setattr(cluster, "draining_nodes", lambda: {})
     monkeypatch.setattr(cluster, "nodes", lambda: [_node("n1", 2), _node("n2", 2, node_b=4)])
     assert placement.feasible(1) is None and placement.feasible(0) is None
     monkeypatch.setattr(cluster, "nodes", lambda: [_node("n1", 2)])
     assert placement.feasible(0) is None
-    assert placement.feasible(1) == "no live node has what learner 1 asks for (CPU 1, node_b 1); it is not restarted"
+    lost = "no live node that is not draining has what learner 1 asks for (CPU 1, node_b 1); it is not restarted"
+    assert placement.feasible(1) == lost
+    # A node Ray is draining takes nothing new: as good as gone already.
+    monkeypatch.setattr(cluster, "nodes", lambda: [_node("n1", 2), _node("n2", 2, node_b=4)])
+    monkeypatch.setattr(cluster, "draining_nodes", lambda: {"n2": None})
+    assert placement.feasible(1) == lost and placement.feasible(0) is None
 
 
 PACKED = """

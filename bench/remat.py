@@ -103,7 +103,8 @@ def main() -> None:
     lines = [
         f"Width {args.width}, {args.layers} blocks, batch {args.batch} x {args.seq} tokens, float32 on the CPU. "
         "Activations: the planner's bytes for the batch, XLA's temporary buffers of the compiled gradient step, "
-        f"and how far running it raises a fresh process's RSS (sampled every ms); wall ms a step, the median of {args.steps}, the arms interleaved; the first step's loss.",
+        "and how far running it raises a fresh process's RSS (sampled every ms); wall ms a step, the median of "
+        f"{args.steps}, the arms interleaved; the first step's loss.",
         "",
         "| arch | parameters | remat | planner (MiB) | XLA temporaries (MiB) | peak RSS growth (MiB) | ms a step "
         "| loss |",

@@ -2,8 +2,8 @@
 
 The engine's loops (learner actor, syncer actor, driver, supervisor) only use these, and the
 vocabulary both sides share (how a learner's pushes are numbered across its restarts, why a push
-is refused: what a syncer's journal may record); each algorithm's package implements them. Kept apart from the implementations so a reader sees the
-seam in one page.
+is refused: what a syncer's journal may record); each algorithm's package implements them. Kept
+apart from the implementations so a reader sees the seam in one page.
 """
 
 from __future__ import annotations

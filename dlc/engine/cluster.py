@@ -155,7 +155,7 @@ def check_metrics_port(port: int) -> None:
     missing = utils.get_dashboard_dependency_error() if hasattr(utils, "get_dashboard_dependency_error") else None
     if missing is not None:
         raise UserError(
-            f"metrics.port={port} needs Ray's metrics agent, which this Ray lacks ({missing.splitlines()[0]}): "
+            f"metrics.port={port} needs Ray's metrics agent, which this Ray lacks ({str(missing).splitlines()[0]}): "
             "pip install 'dlc[metrics]' (Ray's default extra), or leave metrics.port out"
         )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -213,7 +213,8 @@ def _minimal_agent() -> Iterator[None]:
     if saved is None:  # a Ray that decides otherwise: its agent is what it is
         yield
         return
-    utils.get_dashboard_dependency_error = lambda: "dlc: no metrics.port"  # type: ignore[assignment]
+    # What Ray's check returns when the dashboard's packages are missing: an ImportError.
+    utils.get_dashboard_dependency_error = lambda: ImportError("dlc: no metrics.port")
     try:
         yield
     finally:

@@ -27,7 +27,7 @@ class Controlled(Protocol):
     syncer_pid: int | None
     syncer_node: str | None
     rundir: RunDir
-    join_streams: int
+    join_streams: list[Any]  # streams no learner has read: one for each joiner
 
     def live(self) -> dict[int, Any]: ...
     def leave(self, index: int) -> None: ...

@@ -15,7 +15,7 @@ import contextlib
 import importlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,13 +99,11 @@ class Trackers:
         self._lock = threading.Lock()  # a tracker is told of one record at a time, whichever thread wrote it
 
     @classmethod
-    def open(
-        cls, recipe: Recipe, run_dir: Path, say: Callable[[str], None], extra: list[Tracker] | None = None
-    ) -> Trackers:
+    def open(cls, recipe: Recipe, run_dir: Path, say: Callable[[str], None], extra: Sequence[Tracker] = ()) -> Trackers:
         """Start the trackers of `recipe.track` for `run_dir`, going on in the tracker runs trackers.json names;
         `extra`: trackers already started, beside them (the engine's Ray metrics)."""
         kept = read_json(run_dir / TRACKERS_FILE) or {}
-        opened: list[Tracker] = list(extra or [])
+        opened: list[Tracker] = list(extra)
         for name in recipe.track:
             # `check_trackers` refused what could be foreseen; the run directory has begun by now, so a
             # tracker that fails here is left out, like one that fails later, and training goes on.

@@ -109,7 +109,7 @@ def test_a_metrics_port_in_use_or_a_ray_without_its_metrics_agent_is_refused_bef
     assert not run_dir.exists()
     from ray._private import utils
 
-    monkeypatch.setattr(utils, "get_dashboard_dependency_error", lambda: "No module named 'aiohttp'")
+    monkeypatch.setattr(utils, "get_dashboard_dependency_error", lambda: ImportError("No module named 'aiohttp'"))
     result = invoke("train", str(TINY), f"metrics.port={port}", f"run.dir={run_dir}")
     assert_user_error(result, "needs Ray's metrics agent", "No module named 'aiohttp'", "pip install 'dlc[metrics]'")
     assert not run_dir.exists()

@@ -152,26 +152,22 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_parameters():
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_remat_per_block_computes_the_same_loss_and_gradients_and_the_planner_counts_less(arch):
     """model.remat=block recomputes each block in the backward pass: the same numbers, fewer kept."""
-    x = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 16)), jnp.int32)
-    results = {}
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 256, (16, 16)), jnp.int32)
+    results, temps = {}, {}
     for remat in ("none", "block"):
         cfg = CFG.model_copy(update={"arch": arch, "num_layers": 4, "remat": remat})
         graphdef, params = build_model(cfg, 0)
-        results[remat] = make_grad_step(graphdef)(params, x, x)[:2]
+        compiled = make_grad_step(graphdef).lower(params, x, x).compile()
+        results[remat] = compiled(params, x, x)[:2]
+        # What the compiler allocates: XLA's temporary buffers of the gradient step (on the CPU,
+        # jax.checkpoint alone left them as they were).
+        temps[remat] = compiled.memory_analysis().temp_size_in_bytes
     (loss, grads), (remat_loss, remat_grads) = results["none"], results["block"]
     assert float(remat_loss) == pytest.approx(float(loss), rel=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(remat_grads), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+    assert temps["block"] < temps["none"] / 2, temps
     # The planner: each block's input kept, one block recomputed at a time, instead of every block's activations.
     deep = CFG.model_copy(update={"arch": arch, "num_layers": 12})
     kept, recomputed = (activation_bytes(deep.model_copy(update={"remat": r}), 16) for r in ("none", "block"))
     assert recomputed < kept / 3
-    # And the compiler allocates less: XLA's temporary buffers of the gradient step (on the CPU, where
-    # jax.checkpoint alone saved nothing).
-    wide_x = jnp.asarray(np.random.default_rng(0).integers(0, 256, (16, 16)), jnp.int32)
-    temps = {}
-    for remat in ("none", "block"):
-        graphdef, params = build_model(deep.model_copy(update={"remat": remat}), 0)
-        compiled = make_grad_step(graphdef).lower(params, wide_x, wide_x).compile()
-        temps[remat] = compiled.memory_analysis().temp_size_in_bytes
-    assert temps["block"] < temps["none"] / 2, temps

@@ -218,8 +218,8 @@ def table(data: dict[str, Any]) -> str:
     )
     notes = "; ".join(f"{a['label']}: {a['note']}" for a in meta["arms"] if a["note"])
     cli = "".join(
-        f"\nThrough `dlc train` ({row['arm']}, {row['size']}, seed 0): {row['cli']} against the twin's "
-        f"{row['twin']:.4f}.\n"
+        f"\nThrough `dlc train` ({row['arm']}, {row['size']}, seed 0): {row['cli']:.4f} against the twin's "
+        f"{row['twin']:.4f} ({100 * (row['cli'] / row['twin'] - 1):+.2f}%).\n"
         for row in data.get("cli", [])
     )
     return (

@@ -39,7 +39,7 @@ def run(
     check_fits(recipe)  # before anything is allocated
     recipe, no_tensorboard = default_trackers(recipe)
     check_trackers(recipe)  # a tracker that cannot start (no package, no server, no W&B login) refuses it here
-    if recipe.metrics.port is not None and recipe.cluster.address is None:
+    if recipe.metrics.port is not None:  # the embedded cluster's (the recipe refuses it with cluster.address)
         cluster.check_metrics_port(recipe.metrics.port)  # Ray's metrics agent installed, the port free
     view = view or ProgressView(log_every_steps=recipe.run.log_every_steps)
     if no_tensorboard:
@@ -62,7 +62,7 @@ def run(
                 placement.check(recipe, cluster.nodes(), started["driver_node"])
                 # Events are held in memory until every actor has started: written only if the run really starts.
                 rundir = RunDir.create(layout, recipe, claim)
-                if recipe.metrics.port is not None and recipe.cluster.address is None:
+                if recipe.metrics.port is not None:
                     view.message(f"Prometheus metrics (ray_dlc_*): http://127.0.0.1:{recipe.metrics.port}/metrics")
             except BaseException:
                 interrupts.hold()  # an interrupted start (inside `ray.init`, say) still stops what it started

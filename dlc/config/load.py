@@ -43,17 +43,18 @@ def replaced_overrides(base: list[str], *extra: str) -> list[str]:
     `extra`: how a program that layers settings says the later ones win, where a user's command line
     giving one key twice is refused."""
     keys = [item.partition("=")[0] for item in extra]
+    return [item for item in base if not any(_overlap(item.partition("=")[0], k) for k in keys)] + list(extra)
 
-    def replaced(key: str) -> bool:
-        return any(k == key or k.startswith(key + ".") or key.startswith(k + ".") for k in keys)
 
-    return [item for item in base if not replaced(item.partition("=")[0])] + list(extra)
+def _overlap(a: str, b: str) -> bool:
+    """Whether dotted keys `a` and `b` set the same setting: the same key, or one a part of the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def _refuse_a_second_setting(key: str, item: str, given: dict[str, str]) -> None:
     """The same key twice (or a key and a part of it) would let the last one win without a word."""
     for earlier_key, earlier in given.items():
-        if earlier_key == key or earlier_key.startswith(key + ".") or key.startswith(earlier_key + "."):
+        if _overlap(earlier_key, key):
             what = "twice" if earlier_key == key else "both whole and in part"
             raise UserError(f"{key} is set {what} on the command line ({earlier!r}, then {item!r}): keep one of them")
     given[key] = item

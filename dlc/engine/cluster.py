@@ -169,9 +169,9 @@ def check_metrics_port(port: int) -> None:
 
 def _start_embedded(num_cpus: int, metrics_port: int | None = None) -> None:
     common: dict[str, Any] = {"log_to_driver": False, "logging_level": "ERROR", "include_dashboard": False}
-    exporter = contextlib.nullcontext() if metrics_port is not None else _minimal_agent()
     if metrics_port is not None:
         common["_metrics_export_port"] = metrics_port
+    exporter = _minimal_agent() if metrics_port is None else contextlib.nullcontext()
     with _without_env("RAY_ADDRESS"), _loopback_kept(), _no_dashboard_nor_monitor(), exporter:
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **common)
 

@@ -157,7 +157,8 @@ class Placement:
         demand = next((d for d in learner_demands(self.recipe) if d.who == f"learner {index}"), None)
         # Against each node's total: a node that could hold it once others finish is good enough (Ray
         # places it when resources free up); one that never could is not.
-        staying = [n for n in nodes() if n["node_id"] not in draining_nodes()]
+        draining = draining_nodes()
+        staying = [n for n in nodes() if n["node_id"] not in draining]
         if demand is None or any(_fits(demand, n) for n in staying):
             return None
         return (

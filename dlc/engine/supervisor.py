@@ -112,7 +112,7 @@ class Supervisor(Recoveries):
         self.slots[index] = LearnerSlot(
             handle, stream, view={"id": index, "state": "starting", "pid": pid}, last_seen=now, ticked_at=now
         )
-        self.ledger.tick(index, "starting", self.clock() - since)
+        self.ledger.tick(index, "starting", now - since)
 
     def join(self, duration_s: float | None) -> None:
         """A temporary learner with its own data stream, brought in by a peer copy like a restart."""

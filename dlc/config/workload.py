@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -9,11 +10,33 @@ from pydantic import Field, model_validator
 from dlc.config.section import Section
 
 
+@dataclass(frozen=True)
+class Arch:
+    """A block family as a recipe knows it; its code is the module dlc.core.arch.<name>."""
+
+    description: str
+    grouped_query: bool  # model.num_kv_heads may be fewer than num_heads
+    rotary: bool  # positions rotate pairs of each head's dimensions: the head size must be even
+
+
+# model.arch's names, the registry of block families.
+ARCHES = {
+    "gpt": Arch(
+        "GPT-2's blocks (learned positions, LayerNorm, GELU MLP, fused attention projection)",
+        grouped_query=False,
+        rotary=False,
+    ),
+    "llama": Arch(
+        "Llama's (rotary positions, RMSNorm, SwiGLU MLP, no biases, optional grouped-query attention)",
+        grouped_query=True,
+        rotary=True,
+    ),
+}
+
+
 class ModelConfig(Section):
-    arch: Literal["gpt", "llama"] = Field(
-        "gpt",
-        description="gpt: GPT-2's blocks (learned positions, LayerNorm, GELU MLP, fused attention projection); "
-        "llama: Llama's (rotary positions, RMSNorm, SwiGLU MLP, no biases, optional grouped-query attention).",
+    arch: Literal[tuple(ARCHES)] = Field(  # type: ignore[valid-type]  # the names are ARCHES' keys
+        "gpt", description="; ".join(f"{name}: {arch.description}" for name, arch in ARCHES.items()) + "."
     )
     width: int = Field(64, ge=8, description="Model width (embedding dimension), in units.")
     num_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
@@ -61,9 +84,10 @@ class ModelConfig(Section):
                 "choose a head count that divides the width"
             )
         if self.num_kv_heads is not None:
-            if self.arch != "llama" and self.num_kv_heads != self.num_heads:
+            if not ARCHES[self.arch].grouped_query and self.num_kv_heads != self.num_heads:
+                grouped = " or ".join(f"model.arch={name}" for name, arch in ARCHES.items() if arch.grouped_query)
                 raise ValueError(
-                    f"model.num_kv_heads={self.num_kv_heads} needs model.arch=llama: gpt blocks give every "
+                    f"model.num_kv_heads={self.num_kv_heads} needs {grouped}: {self.arch} blocks give every "
                     "query head its own key and value head"
                 )
             if self.num_heads % self.num_kv_heads:
@@ -71,10 +95,10 @@ class ModelConfig(Section):
                     f"model.num_kv_heads={self.num_kv_heads} does not divide model.num_heads={self.num_heads}: "
                     "each key and value head serves the same number of query heads"
                 )
-        if self.arch == "llama" and (self.width // self.num_heads) % 2:
+        if ARCHES[self.arch].rotary and (self.width // self.num_heads) % 2:
             raise ValueError(
                 f"model.width / model.num_heads = {self.width // self.num_heads} is odd: rotary positions "
-                "rotate pairs of each head's dimensions, so a llama head size must be even"
+                f"rotate pairs of each head's dimensions, so a {self.arch} head size must be even"
             )
         return self
 

@@ -1,10 +1,9 @@
 """A decoder-only transformer over bytes or a prepared dataset's tokens, in Flax NNX.
 
-Two families of blocks (`model.arch`): GPT-2's (learned positions, LayerNorm, a GELU MLP, one fused
-query/key/value projection) and Llama's (rotary positions, RMSNorm, a SwiGLU MLP, no biases, and
-grouped-query attention where model.num_kv_heads < num_heads). Parameters are float32 whatever
-model.compute_dtype says; with bfloat16, matmuls and activations run in it, but the output layer
-runs in float32, so the logits and the loss keep their precision.
+Pre-norm blocks of the layers of the family `model.arch` names (`dlc.core.arch`: GPT-2's or Llama's).
+Parameters are float32 whatever model.compute_dtype says; with bfloat16, matmuls and activations run
+in it, but the output layer runs in float32, so the logits and the loss keep their precision. The
+same forward pass trains and decodes (`Transformer.forward`, given key-value caches).
 
 The model is built once with `build_model`; training code then works on its parameters as a
 plain nested dict of arrays (`split_params`), so the jitted step is a pure function and the
@@ -21,112 +20,27 @@ import numpy as np
 from flax import nnx
 
 from dlc.config.workload import ModelConfig
-from dlc.core.shapes import head_dim, kv_heads, mlp_hidden, vocab_size
+from dlc.core.arch import family
+from dlc.core.arch.base import KV, compute_dtype, initializer
+from dlc.core.shapes import vocab_size
 
 Params = dict[str, Any]
 
 
-def compute_dtype(cfg: ModelConfig) -> Any:
-    return jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
-
-
-def rotary(x_BxTxHxK: jax.Array, positions_T: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding, as Llama in Hugging Face applies it: each head's dimensions i and
-    i + K/2 rotate together by position x theta^(-2i/K). Computed in float32, returned in x's dtype."""
-    K = x_BxTxHxK.shape[-1]
-    inverse_frequency = 1.0 / theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K)
-    angles_TxK = jnp.tile(positions_T.astype(jnp.float32)[:, None] * inverse_frequency[None, :], (1, 2))
-    cos, sin = jnp.cos(angles_TxK)[:, None, :], jnp.sin(angles_TxK)[:, None, :]  # broadcast over heads
-    x = x_BxTxHxK.astype(jnp.float32)
-    half = K // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return (x * cos + rotated * sin).astype(x_BxTxHxK.dtype)
-
-
-class CausalSelfAttention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        self.num_heads = cfg.num_heads
-        self.head_dim = cfg.width // cfg.num_heads
-        init, dtype = nnx.initializers.normal(stddev=cfg.init_std), compute_dtype(cfg)
-        self.qkv = nnx.Linear(cfg.width, 3 * cfg.width, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
-        # Residual projections start smaller so the residual stream's variance stays bounded
-        # with depth (GPT-2's scaled initialisation).
-        out_init = _residual_init(cfg)
-        self.out = nnx.Linear(cfg.width, cfg.width, use_bias=False, kernel_init=out_init, dtype=dtype, rngs=rngs)
-
-    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
-        """Attention over x (positions_T unused: GPT's positions are in its embedding)."""
-        B, T, D = x_BxTxD.shape
-        qkv = self.qkv(x_BxTxD).reshape(B, T, 3, self.num_heads, self.head_dim)
-        q_BxTxHxK, k_BxTxHxK, v_BxTxHxK = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        y_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, is_causal=True)
-        return self.out(y_BxTxHxK.reshape(B, T, D))
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        hidden, dtype = mlp_hidden(cfg), compute_dtype(cfg)
-        init = nnx.initializers.normal(stddev=cfg.init_std)
-        self.up = nnx.Linear(cfg.width, hidden, kernel_init=init, dtype=dtype, rngs=rngs)
-        self.down = nnx.Linear(hidden, cfg.width, kernel_init=_residual_init(cfg), dtype=dtype, rngs=rngs)
-
-    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-        return self.down(jax.nn.gelu(self.up(x_BxTxD)))
-
-
-class LlamaAttention(nnx.Module):
-    """Separate query, key and value projections, rotary positions on queries and keys, and
-    num_kv_heads key/value heads each shared by num_heads / num_kv_heads query heads."""
-
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, kv_heads(cfg), head_dim(cfg)
-        self.theta = cfg.rope_theta
-        init, dtype, D = nnx.initializers.normal(stddev=cfg.init_std), compute_dtype(cfg), cfg.width
-        kv = self.num_kv_heads * self.head_dim
-        self.q = nnx.Linear(D, D, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
-        self.k = nnx.Linear(D, kv, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
-        self.v = nnx.Linear(D, kv, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
-        self.out = nnx.Linear(D, D, use_bias=False, kernel_init=_residual_init(cfg), dtype=dtype, rngs=rngs)
-
-    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
-        B, T, D = x_BxTxD.shape
-        q_BxTxHxK = rotary(self.q(x_BxTxD).reshape(B, T, self.num_heads, self.head_dim), positions_T, self.theta)
-        k_BxTxGxK = rotary(self.k(x_BxTxD).reshape(B, T, self.num_kv_heads, self.head_dim), positions_T, self.theta)
-        v_BxTxGxK = self.v(x_BxTxD).reshape(B, T, self.num_kv_heads, self.head_dim)
-        y_BxTxHxK = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, is_causal=True)
-        return self.out(y_BxTxHxK.reshape(B, T, D))
-
-
-class SwiGLU(nnx.Module):
-    """down(silu(gate(x)) * up(x)), without biases."""
-
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        hidden, dtype = mlp_hidden(cfg), compute_dtype(cfg)
-        init = nnx.initializers.normal(stddev=cfg.init_std)
-        self.gate = nnx.Linear(cfg.width, hidden, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
-        self.up = nnx.Linear(cfg.width, hidden, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
-        self.down = nnx.Linear(
-            hidden, cfg.width, use_bias=False, kernel_init=_residual_init(cfg), dtype=dtype, rngs=rngs
-        )
-
-    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-        return self.down(jax.nn.silu(self.gate(x_BxTxD)) * self.up(x_BxTxD))
-
-
 class Block(nnx.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), of GPT-2's layers or Llama's."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), of the layers model.arch's family makes."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        dtype, llama = compute_dtype(cfg), cfg.arch == "llama"
-        norm = nnx.RMSNorm if llama else nnx.LayerNorm
-        self.norm_attn = norm(cfg.width, dtype=dtype, rngs=rngs)
-        self.attn = LlamaAttention(cfg, rngs) if llama else CausalSelfAttention(cfg, rngs)
-        self.norm_mlp = norm(cfg.width, dtype=dtype, rngs=rngs)
-        self.mlp = SwiGLU(cfg, rngs) if llama else MLP(cfg, rngs)
+        arch, dtype = family(cfg.arch), compute_dtype(cfg)
+        self.norm_attn = arch.norm(cfg.width, dtype=dtype, rngs=rngs)
+        self.attn = arch.attention(cfg, rngs)
+        self.norm_mlp = arch.norm(cfg.width, dtype=dtype, rngs=rngs)
+        self.mlp = arch.mlp(cfg, rngs)
 
-    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array) -> jax.Array:
-        x_BxTxD = x_BxTxD + self.attn(self.norm_attn(x_BxTxD), positions_T)
-        return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD))
+    def __call__(self, x_BxTxD: jax.Array, positions_T: jax.Array, cache: KV | None) -> tuple[jax.Array, KV | None]:
+        y_BxTxD, cache = self.attn(self.norm_attn(x_BxTxD), positions_T, cache)
+        x_BxTxD = x_BxTxD + y_BxTxD
+        return x_BxTxD + self.mlp(self.norm_mlp(x_BxTxD)), cache
 
 
 def _remat_block(block: Block, x_BxTxD: jax.Array) -> jax.Array:
@@ -141,7 +55,7 @@ def _remat_block(block: Block, x_BxTxD: jax.Array) -> jax.Array:
     graphdef, state = nnx.split(block)
 
     def forward(state: Any, x_BxTxD: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, state)(x_BxTxD, jnp.arange(x_BxTxD.shape[1]))
+        return nnx.merge(graphdef, state)(x_BxTxD, jnp.arange(x_BxTxD.shape[1]), None)[0]
 
     def backward(saved: tuple[Any, jax.Array], g_BxTxD: jax.Array) -> tuple[Any, jax.Array]:
         def recompute(operands: tuple[Any, jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
@@ -156,21 +70,18 @@ def _remat_block(block: Block, x_BxTxD: jax.Array) -> jax.Array:
     return run(state, x_BxTxD)
 
 
-def _residual_init(cfg: ModelConfig) -> Any:
-    return nnx.initializers.normal(stddev=cfg.init_std / (2 * cfg.num_layers) ** 0.5)
-
-
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        init, dtype, llama = nnx.initializers.normal(stddev=cfg.init_std), compute_dtype(cfg), cfg.arch == "llama"
+        arch, init, dtype = family(cfg.arch), initializer(cfg), compute_dtype(cfg)
         self.embed = nnx.Embed(vocab_size(cfg), cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
         self.pos_embed = (
-            None if llama else nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
+            nnx.Embed(cfg.context_len, cfg.width, embedding_init=init, dtype=dtype, rngs=rngs)
+            if arch.learned_positions
+            else None
         )
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.remat = cfg.remat == "block"
-        norm = nnx.RMSNorm if llama else nnx.LayerNorm
-        self.norm_out = norm(cfg.width, dtype=dtype, rngs=rngs)
+        self.norm_out = arch.norm(cfg.width, dtype=dtype, rngs=rngs)
         self.head = (
             None
             if cfg.tie_embeddings
@@ -179,18 +90,29 @@ class Transformer(nnx.Module):
 
     def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
         """Logits for the next token at every position: [B, T] int -> [B, T, V] float32 (V: `vocab_size`)."""
-        positions_T = jnp.arange(tokens_BxT.shape[1])
+        return self.forward(tokens_BxT, jnp.arange(tokens_BxT.shape[1]), None)[0]
+
+    def forward(
+        self, tokens_BxT: jax.Array, positions_T: jax.Array, caches: tuple[KV, ...] | None
+    ) -> tuple[jax.Array, tuple[KV, ...] | None]:
+        """Logits of tokens read at positions_T, and with `caches` (one per block) those caches with the
+        tokens' keys and values written: what decoding calls, a token or a prompt at a time."""
         x_BxTxD = self.embed(tokens_BxT)
         if self.pos_embed is not None:
             x_BxTxD = x_BxTxD + self.pos_embed(positions_T)[None]
-        for block in self.blocks:
-            x_BxTxD = _remat_block(block, x_BxTxD) if self.remat else block(x_BxTxD, positions_T)
+        written: list[KV] = []
+        for i, block in enumerate(self.blocks):
+            if caches is None and self.remat:
+                x_BxTxD = _remat_block(block, x_BxTxD)
+                continue
+            x_BxTxD, cache = block(x_BxTxD, positions_T, None if caches is None else caches[i])
+            if cache is not None:
+                written.append(cache)
         # The output layer in float32 whatever the compute dtype: with a large vocabulary, bfloat16 logits
         # (about 3 significant digits) would add noise to the loss.
         x_BxTxD = self.norm_out(x_BxTxD).astype(jnp.float32)
-        if self.head is None:
-            return x_BxTxD @ self.embed.embedding[...].T
-        return x_BxTxD @ self.head.kernel[...]
+        logits_BxTxV = x_BxTxD @ (self.embed.embedding[...].T if self.head is None else self.head.kernel[...])
+        return logits_BxTxV, None if caches is None else tuple(written)
 
 
 def build_model(cfg: ModelConfig, seed: int) -> tuple[nnx.GraphDef, Params]:

@@ -1,4 +1,4 @@
-"""The model's sizes its recipe implies: the vocabulary, the MLP's width, the heads.
+"""The model's sizes its recipe implies: the vocabulary, the heads; its norms' epsilon.
 
 What `dlc.core.model` builds from and what readers of a recipe (export, decoding) need without
 building anything; JAX-free. The parameters' names and shapes come from the model itself
@@ -10,21 +10,13 @@ from __future__ import annotations
 from dlc.config.workload import ModelConfig
 from dlc.data.corpus import BYTE_VOCAB
 
+NORM_EPS = 1e-6  # flax.nnx.LayerNorm's and RMSNorm's default, which every family's norms use
+
 
 def vocab_size(model: ModelConfig) -> int:
     """Tokens the model embeds and predicts: model.vocab_size, which a prepared dataset sets
     (`dlc.data.plan.resolve_data`), else every byte value."""
     return model.vocab_size or BYTE_VOCAB
-
-
-def mlp_hidden(model: ModelConfig) -> int:
-    """Width of each block's MLP hidden layer: model.mlp_hidden, else from mlp_ratio. A SwiGLU MLP (llama) has
-    three matrices where GELU's has two, so two thirds of the width keeps the count, rounded up to 64."""
-    if model.mlp_hidden is not None:
-        return model.mlp_hidden
-    if model.arch == "llama":
-        return -(-2 * model.mlp_ratio * model.width // (3 * 64)) * 64
-    return model.mlp_ratio * model.width
 
 
 def kv_heads(model: ModelConfig) -> int:

@@ -1,48 +1,9 @@
-"""A run's model in the Hugging Face layout of its block family (GPT-2's or Llama's), and read back.
+"""A run's model in the Hugging Face layout of its block family, and read back.
 
-dlc's two block families (`model.arch`) are those of `GPT2LMHeadModel` and `LlamaForCausalLM`, so an
-export is a checkpoint that `transformers` loads without custom code. Each family is one table here
-(`_GPT2`, `_LLAMA`): dlc's path -> Hugging Face's name, and whether the tensor is transposed.
-
-GPT-2 (model.arch=gpt): learned positions, pre-norm LayerNorm, fused query/key/value, a tanh-GELU MLP.
-
-    dlc                              GPT-2 (transformers)                    how
-    embed/embedding  [V, D]          transformer.wte.weight                  as is
-    pos_embed/embedding  [C, D]      transformer.wpe.weight                  as is
-    blocks/i/norm_attn/scale, bias   transformer.h.i.ln_1.weight, bias       as is
-    blocks/i/attn/qkv/kernel [D, 3D] transformer.h.i.attn.c_attn.weight      as is (Conv1D is [in, out]);
-                                     transformer.h.i.attn.c_attn.bias        zeros: dlc's has no bias
-    blocks/i/attn/out/kernel [D, D]  transformer.h.i.attn.c_proj.weight      as is; its bias zeros
-    blocks/i/norm_mlp/scale, bias    transformer.h.i.ln_2.weight, bias       as is
-    blocks/i/mlp/up/kernel, bias     transformer.h.i.mlp.c_fc.weight, bias   as is
-    blocks/i/mlp/down/kernel, bias   transformer.h.i.mlp.c_proj.weight, bias as is
-    norm_out/scale, bias             transformer.ln_f.weight, bias           as is
-    head/kernel  [D, V]              lm_head.weight [V, D]                   transposed (untied models only)
-
-Both split the fused projection into query, key and value, each into heads, in that order, and
-scale attention by 1/sqrt(head size). config.json says what differs from GPT-2's defaults:
-LayerNorm epsilon 1e-6 (Flax's), `gelu_new` (the tanh GELU), no dropout, and the sizes.
-
-Llama (model.arch=llama): rotary positions, RMSNorm, separate projections without biases, G = num_kv_heads
-key/value heads (grouped-query attention), a SwiGLU MLP of hidden size F. torch's Linear is [out, in].
-
-    dlc                              Llama (transformers)                              how
-    embed/embedding  [V, D]          model.embed_tokens.weight                         as is
-    blocks/i/norm_attn/scale         model.layers.i.input_layernorm.weight             as is
-    blocks/i/attn/q/kernel [D, D]    model.layers.i.self_attn.q_proj.weight            transposed
-    blocks/i/attn/k/kernel [D, GK]   model.layers.i.self_attn.k_proj.weight            transposed
-    blocks/i/attn/v/kernel [D, GK]   model.layers.i.self_attn.v_proj.weight            transposed
-    blocks/i/attn/out/kernel [D, D]  model.layers.i.self_attn.o_proj.weight            transposed
-    blocks/i/norm_mlp/scale          model.layers.i.post_attention_layernorm.weight    as is
-    blocks/i/mlp/gate/kernel [D, F]  model.layers.i.mlp.gate_proj.weight               transposed
-    blocks/i/mlp/up/kernel [D, F]    model.layers.i.mlp.up_proj.weight                 transposed
-    blocks/i/mlp/down/kernel [F, D]  model.layers.i.mlp.down_proj.weight               transposed
-    norm_out/scale                   model.norm.weight                                 as is
-    head/kernel  [D, V]              lm_head.weight [V, D]                             transposed (untied only)
-
-No query or key permutation: dlc's `rotary` is Hugging Face's (each head's dimensions i and i + K/2
-rotate together by position x theta^(-2i/K)), and both give query head h key/value head h // (H/G).
-config.json gives the sizes, RMSNorm epsilon 1e-6 (Flax's), rope_theta, and no biases.
+Each block family (`model.arch`, `dlc.core.arch`) has the layout of a `transformers` class
+(`GPT2LMHeadModel`, `LlamaForCausalLM`), so an export is a checkpoint that `transformers` loads
+without custom code. The family's module holds its table (dlc's path -> Hugging Face's name, and
+whether the tensor is transposed) and its config.json; this module writes and reads by them.
 
 Beside the weights: the run's tokenizer (tokenizer.json and tokenizer_config.json) and dlc.json,
 what dlc needs to read the export again (the recipe, the model's source, the tokenizer's spec).
@@ -65,8 +26,8 @@ from dlc import __version__
 from dlc.config.load import dump_recipe, recipe_from_dict
 from dlc.config.workload import ModelConfig
 from dlc.core.abstract import abstract_params
+from dlc.core.arch import family
 from dlc.core.model import Params, flatten_params, unflatten_params
-from dlc.core.shapes import head_dim, kv_heads, mlp_hidden, vocab_size
 from dlc.data.tokenizer import TOKENIZER_CONFIG, TOKENIZER_JSON, Tokenizer
 from dlc.errors import UserError
 from dlc.use.run_model import RunModel
@@ -75,85 +36,20 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 DLC_FILE = "dlc.json"  # what dlc reads back: the recipe, the source, the tokenizer
 EXPORT_FORMAT = 1
-NORM_EPS = 1e-6  # flax.nnx.LayerNorm's and RMSNorm's default
 
 
 def is_export(path: Path) -> bool:
     return path.is_dir() and (path / DLC_FILE).is_file() and (path / CONFIG_FILE).is_file()
 
 
-@dataclass(frozen=True)
-class _Table:
-    """One block family's Hugging Face layout: dlc path -> (Hugging Face name, transposed)."""
-
-    architecture: str
-    top: dict[str, tuple[str, bool]]
-    block_prefix: str  # of block i's names, with {i}
-    block: dict[str, tuple[str, bool]]  # paths under blocks/i
-    head: tuple[str, bool]  # head/kernel, in untied models
-    # Hugging Face's biases that dlc's blocks lack: written as zeros the size of the named kernel's
-    # output, and refused unless zero when read back.
-    zero_biases: dict[str, str]
-
-
-_GPT2 = _Table(
-    architecture="GPT2LMHeadModel",
-    top={
-        "embed/embedding": ("transformer.wte.weight", False),
-        "pos_embed/embedding": ("transformer.wpe.weight", False),
-        "norm_out/scale": ("transformer.ln_f.weight", False),
-        "norm_out/bias": ("transformer.ln_f.bias", False),
-    },
-    block_prefix="transformer.h.{i}.",
-    block={
-        "norm_attn/scale": ("ln_1.weight", False),
-        "norm_attn/bias": ("ln_1.bias", False),
-        "attn/qkv/kernel": ("attn.c_attn.weight", False),  # GPT-2's Conv1D is [in, out], as dlc's kernels
-        "attn/out/kernel": ("attn.c_proj.weight", False),
-        "norm_mlp/scale": ("ln_2.weight", False),
-        "norm_mlp/bias": ("ln_2.bias", False),
-        "mlp/up/kernel": ("mlp.c_fc.weight", False),
-        "mlp/up/bias": ("mlp.c_fc.bias", False),
-        "mlp/down/kernel": ("mlp.c_proj.weight", False),
-        "mlp/down/bias": ("mlp.c_proj.bias", False),
-    },
-    head=("lm_head.weight", True),
-    zero_biases={"attn.c_attn.bias": "attn/qkv/kernel", "attn.c_proj.bias": "attn/out/kernel"},
-)
-
-_LLAMA = _Table(
-    architecture="LlamaForCausalLM",
-    top={
-        "embed/embedding": ("model.embed_tokens.weight", False),
-        "norm_out/scale": ("model.norm.weight", False),
-    },
-    block_prefix="model.layers.{i}.",
-    block={  # torch's Linear is [out, in]: every kernel transposed
-        "norm_attn/scale": ("input_layernorm.weight", False),
-        "attn/q/kernel": ("self_attn.q_proj.weight", True),
-        "attn/k/kernel": ("self_attn.k_proj.weight", True),
-        "attn/v/kernel": ("self_attn.v_proj.weight", True),
-        "attn/out/kernel": ("self_attn.o_proj.weight", True),
-        "norm_mlp/scale": ("post_attention_layernorm.weight", False),
-        "mlp/gate/kernel": ("mlp.gate_proj.weight", True),
-        "mlp/up/kernel": ("mlp.up_proj.weight", True),
-        "mlp/down/kernel": ("mlp.down_proj.weight", True),
-    },
-    head=("lm_head.weight", True),
-    zero_biases={},
-)
-
-_TABLES = {"gpt": _GPT2, "llama": _LLAMA}
-
-
 def architecture(cfg: ModelConfig) -> str:
     """The transformers class an export of this model loads as."""
-    return _TABLES[cfg.arch].architecture
+    return family(cfg.arch).hf.architecture
 
 
 def _names(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
     """dlc path -> (Hugging Face name, transposed), for every tensor dlc has."""
-    table = _TABLES[cfg.arch]
+    table = family(cfg.arch).hf
     names = dict(table.top)
     for i in range(cfg.num_layers):
         prefix = table.block_prefix.format(i=i)
@@ -165,7 +61,7 @@ def _names(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
 
 def _zero_biases(cfg: ModelConfig) -> dict[str, str]:
     """Hugging Face bias name -> the dlc kernel whose output it would be added to."""
-    table = _TABLES[cfg.arch]
+    table = family(cfg.arch).hf
     return {
         table.block_prefix.format(i=i) + bias: f"blocks/{i}/{kernel}"
         for i in range(cfg.num_layers)
@@ -204,58 +100,8 @@ def dlc_params(cfg: ModelConfig, tensors: dict[str, np.ndarray], like: Params, w
 
 def hf_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
     """config.json for the model's block family."""
-    return llama_config(cfg, stop_token) if cfg.arch == "llama" else gpt2_config(cfg, stop_token)
-
-
-def gpt2_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
-    """config.json of a `GPT2LMHeadModel` with dlc's sizes and what differs from GPT-2's defaults."""
-    return {
-        "architectures": [_GPT2.architecture],
-        "model_type": "gpt2",
-        "vocab_size": vocab_size(cfg),
-        "n_positions": cfg.context_len,
-        "n_embd": cfg.width,
-        "n_layer": cfg.num_layers,
-        "n_head": cfg.num_heads,
-        "n_inner": mlp_hidden(cfg),
-        "activation_function": "gelu_new",  # jax.nn.gelu's default, the tanh approximation
-        "layer_norm_epsilon": NORM_EPS,
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "scale_attn_weights": True,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        # The end-of-document token, where the model learned one (a byte corpus has none).
-        "bos_token_id": stop_token,
-        "eos_token_id": stop_token,
-        "torch_dtype": "float32",
-    }
-
-
-def llama_config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
-    """config.json of a `LlamaForCausalLM` with dlc's sizes, every field that dlc's blocks fix said."""
-    return {
-        "architectures": [_LLAMA.architecture],
-        "model_type": "llama",
-        "vocab_size": vocab_size(cfg),
-        "hidden_size": cfg.width,
-        "intermediate_size": mlp_hidden(cfg),
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": kv_heads(cfg),
-        "head_dim": head_dim(cfg),
-        "max_position_embeddings": cfg.context_len,
-        "rms_norm_eps": NORM_EPS,
-        "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": stop_token,
-        "eos_token_id": stop_token,
-        "torch_dtype": "float32",
-    }
+    layout = family(cfg.arch).hf
+    return {"architectures": [layout.architecture], **layout.config(cfg, stop_token)}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 
 from dlc.config.workload import ModelConfig
 from dlc.core import decode
-from dlc.core.decode import Spec, forward, generate, init_cache
+from dlc.core.decode import forward, generate, graph, init_cache
 from dlc.core.model import apply_model, build_model
 from dlc.errors import UserError
 
@@ -47,17 +47,16 @@ def test_cached_logits_equal_the_model(cfg):
     # At the recipe's initialisation (std 0.02) the logits are below 1 and agree to ~1e-7; they differ
     # only in the order of float32 sums, which grows with their scale (1e-5 at std 0.5, logits ~12).
     graphdef, params = build_model(cfg, seed=0)
-    spec = Spec.of(cfg)
     tokens = np.random.default_rng(0).integers(0, 64, 20).astype(np.int32)
     expected_TxV = np.asarray(apply_model(graphdef, params, tokens[None]))[0]
     # The whole prompt at once, as a prefill reads it...
-    logits_TxV, _ = forward(params, jnp.asarray(tokens), 0, init_cache(params, spec), spec)
+    logits_TxV, _ = forward(graph(cfg), params, jnp.asarray(tokens), 0, init_cache(cfg))
     np.testing.assert_allclose(logits_TxV, expected_TxV, atol=1e-5)
     # ...and one token at a time against the cache, as each step reads it.
-    step = jax.jit(forward, static_argnames="spec")
-    cache = init_cache(params, spec)
+    step = jax.jit(forward, static_argnames="graphdef")
+    cache = init_cache(cfg)
     for position, token in enumerate(tokens):
-        logits_1xV, cache = step(params, jnp.asarray([token]), position, cache, spec=spec)
+        logits_1xV, cache = step(graph(cfg), params, jnp.asarray([token]), position, cache)
         np.testing.assert_allclose(logits_1xV[0], expected_TxV[position], atol=1e-5)
 
 
@@ -67,7 +66,7 @@ def test_a_bfloat16_model_is_decoded_in_float32():
     cfg = LLAMA.model_copy(update={"compute_dtype": "bfloat16", "init_std": 0.5})
     graphdef, params = build_model(cfg, seed=0)
     tokens = np.random.default_rng(0).integers(0, 64, 20).astype(np.int32)
-    logits_TxV, _ = forward(params, jnp.asarray(tokens), 0, init_cache(params, Spec.of(cfg)), Spec.of(cfg))
+    logits_TxV, _ = forward(graph(cfg), params, jnp.asarray(tokens), 0, init_cache(cfg))
     assert logits_TxV.dtype == jnp.float32
     float32_graphdef, _ = build_model(cfg.model_copy(update={"compute_dtype": "float32"}), seed=0)
     np.testing.assert_allclose(logits_TxV, apply_model(float32_graphdef, params, tokens[None])[0], atol=1e-5)

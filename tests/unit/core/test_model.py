@@ -89,7 +89,7 @@ def test_llama_is_causal_and_its_positions_relative():
 
 
 def test_rotary_is_hugging_faces_rotate_half_and_depends_on_distance_only():
-    from dlc.core.model import rotary
+    from dlc.core.arch.llama import rotary
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, 5, 2, 8)).astype(np.float32)
@@ -171,3 +171,10 @@ def test_remat_per_block_computes_the_same_loss_and_gradients_and_the_planner_co
     deep = CFG.model_copy(update={"arch": arch, "num_layers": 12})
     kept, recomputed = (activation_bytes(deep.model_copy(update={"remat": r}), 16) for r in ("none", "block"))
     assert recomputed < kept / 3
+
+
+def test_every_registered_arch_has_its_family_module():
+    from dlc.config.workload import ARCHES
+    from dlc.core.arch import family
+
+    assert [family(name).name for name in ARCHES] == list(ARCHES)

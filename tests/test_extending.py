@@ -1,0 +1,110 @@
+"""The worked examples of docs/internals/extending.md, applied to a copy of the repository and run there."""
+
+from __future__ import annotations
+
+import filecmp
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "internals" / "extending.md"
+
+
+def section_code(title: str) -> list[str]:
+    """The fenced Python blocks of the page's section `## title`, in order."""
+    text = PAGE.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```python\n(.*?)```", text[start : end if end > 0 else None], re.S)
+
+
+def copy_repo(into: Path) -> Path:
+    for part in ("dlc", "recipes", "chaos"):
+        shutil.copytree(REPO / part, into / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return into
+
+
+def changed_files(copy: Path) -> list[str]:
+    """Files of dlc/ in the copy that are new or differ from the repository's."""
+    out = []
+    for path in sorted((copy / "dlc").rglob("*.py")):
+        original = REPO / path.relative_to(copy)
+        if not original.exists() or not filecmp.cmp(path, original, shallow=False):
+            out.append(str(path.relative_to(copy)))
+    return out
+
+
+def run_in(copy: Path, script: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=copy,
+        env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+FAMILY_CHECK = """
+import dlc, jax, jax.numpy as jnp, numpy as np
+from pathlib import Path
+from dlc.config.load import load_recipe
+from dlc.core.decode import generate
+from dlc.core.model import apply_model, build_model, flatten_params
+from dlc.core.steps import make_optimizer, make_train_step
+from dlc.use.export import architecture, dlc_params, hf_config, hf_tensors
+
+assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
+overrides = ["model.arch=qwen2", "model.num_kv_heads=2", "model.width=32", "model.num_layers=2", "model.init_std=0.2"]
+cfg = load_recipe("recipes/tiny.yaml", overrides).model
+graphdef, params = build_model(cfg, seed=0)
+assert {"blocks/0/attn/q/bias", "blocks/0/attn/k/bias", "blocks/0/attn/v/bias"} <= set(flatten_params(params))
+
+# It trains: the loss falls on a batch seen again and again.
+recipe = load_recipe("recipes/tiny.yaml", overrides)
+step = make_train_step(graphdef, make_optimizer(recipe.inner, 40))
+opt_state = make_optimizer(recipe.inner, 40).init(params)
+tokens = np.random.default_rng(0).integers(0, 256, (4, 65)).astype(np.int32)
+trained, losses = jax.tree.map(jnp.array, params), []
+for _ in range(40):
+    trained, opt_state, metrics = step(trained, opt_state, tokens[:, :-1], tokens[:, 1:])
+    losses.append(float(metrics["loss"]))
+assert losses[-1] < 0.9 * losses[0], losses
+
+# It decodes with the cache as the model computes without one.
+prompt = [5, 17, 3]
+cached = list(generate(cfg, params, prompt, max_new_tokens=6, temperature=0))
+uncached = list(prompt)
+for _ in range(6):
+    logits = apply_model(graphdef, params, jnp.asarray([uncached]))
+    uncached.append(int(jnp.argmax(logits[0, -1])))
+assert cached == uncached[len(prompt):], (cached, uncached)
+
+# It exports in Qwen2's layout and reads back.
+tensors = hf_tensors(cfg, params)
+assert architecture(cfg) == "Qwen2ForCausalLM" and hf_config(cfg, None)["model_type"] == "qwen2"
+assert "model.layers.0.self_attn.q_proj.bias" in tensors
+back = flatten_params(dlc_params(cfg, tensors, params, "the export"))
+assert all(np.array_equal(back[k], v) for k, v in flatten_params(params).items())
+print("ok", losses[0], losses[-1])
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_block_family_is_one_module_and_its_name(tmp_path):
+    module, registry_entry = section_code("A block family (`model.arch`)")
+    copy = copy_repo(tmp_path)
+    (copy / "dlc/core/arch/qwen2.py").write_text(module)
+    workload = copy / "dlc/config/workload.py"
+    text = workload.read_text()
+    assert text.count("ARCHES = {\n") == 1
+    workload.write_text(text.replace("ARCHES = {\n", "ARCHES = {\n" + registry_entry, 1))
+    assert changed_files(copy) == ["dlc/config/workload.py", "dlc/core/arch/qwen2.py"]
+    assert run_in(copy, FAMILY_CHECK).startswith("ok")

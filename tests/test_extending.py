@@ -108,3 +108,42 @@ def test_a_block_family_is_one_module_and_its_name(tmp_path):
     workload.write_text(text.replace("ARCHES = {\n", "ARCHES = {\n" + registry_entry, 1))
     assert changed_files(copy) == ["dlc/config/workload.py", "dlc/core/arch/qwen2.py"]
     assert run_in(copy, FAMILY_CHECK).startswith("ok")
+
+
+TRACKER_CHECK = """
+import csv
+from pathlib import Path
+import dlc
+assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
+from dlc.config.load import load_recipe
+from dlc.observe.trackers import Trackers, check_trackers
+
+run_dir = Path("run")
+run_dir.mkdir()
+recipe = load_recipe("recipes/tiny.yaml", ["track=[csv]"])
+check_trackers(recipe)
+said = []
+trackers = Trackers.open(recipe, run_dir, said.append)
+trackers.metric({"kind": "train", "t": 100.0, "learner": 1, "step": 7, "loss": 2.5})
+trackers.event({"kind": "learner_died", "t": 101.0, "learner": 1})
+trackers.close()
+rows = list(csv.reader((run_dir / "tracker.csv").open()))
+assert rows[0] == ["t", "series", "step", "axis", "value"], rows
+series = {row[1] for row in rows[1:]}
+assert any(name.startswith("train/") for name in series) and "note/learner_died" in series, rows
+assert said == [], said
+print("ok")
+"""
+
+
+def test_a_tracker_is_one_module_and_its_name(tmp_path):
+    module, registry_line = section_code("An experiment tracker (`track`)")
+    copy = copy_repo(tmp_path)
+    (copy / "dlc/observe/trackers/csv.py").write_text(module)
+    job = copy / "dlc/config/job.py"
+    text = job.read_text()
+    old = [line for line in text.splitlines() if line.startswith("TRACKERS = (")]
+    assert len(old) == 1
+    job.write_text(text.replace(old[0], registry_line.strip(), 1))
+    assert changed_files(copy) == ["dlc/config/job.py", "dlc/observe/trackers/csv.py"]
+    assert run_in(copy, TRACKER_CHECK).startswith("ok")

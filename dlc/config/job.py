@@ -8,7 +8,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dlc.config.section import Section
 
-TrackerName = Literal["tensorboard", "wandb", "mlflow"]
+# The trackers a recipe may list in `track`, each the module dlc.observe.trackers.<name>.
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+TrackerName = Literal[TRACKERS]  # type: ignore[valid-type]  # the names are TRACKERS
 
 # Seeds feed NumPy's and JAX's generators, which take unsigned 32-bit values.
 MAX_SEED = 2**32 - 1

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dlc.config.algorithms import ALGORITHM_DESCRIPTION, AlgorithmName
 from dlc.config.job import (
+    TRACKERS,
     CheckpointConfig,
     ClusterConfig,
     EvalConfig,
@@ -46,8 +47,8 @@ class Recipe(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     track: list[TrackerName] = Field(
         ["tensorboard"],
-        description="Experiment trackers that receive the run's metrics and events: any of tensorboard, wandb, "
-        "mlflow (e.g. [tensorboard, wandb]; [] for none). Their settings are under tracking.",
+        description="Experiment trackers that receive the run's metrics and events: any of "
+        f"{', '.join(TRACKERS)} (e.g. [tensorboard, wandb]; [] for none). Their settings are under tracking.",
     )
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="Experiment trackers (the recipe's track list)."

@@ -26,11 +26,6 @@ from dlc.run.files import TRACKERS_FILE, read_json, write_json_atomic
 
 STATUS_EVERY_S = 5.0  # status.json is rewritten every second; the trackers get a point every few seconds
 
-_MODULES = {
-    "tensorboard": "dlc.observe.trackers.tensorboard",
-    "wandb": "dlc.observe.trackers.wandb",
-    "mlflow": "dlc.observe.trackers.mlflow",
-}
 
 
 @dataclass(frozen=True)
@@ -59,7 +54,8 @@ class Tracker(Protocol):
 
 
 def _module(name: str) -> Any:
-    return importlib.import_module(_MODULES[name])
+    """The tracker `track` names: the module dlc.observe.trackers.<name> (the names: dlc.config.job.TRACKERS)."""
+    return importlib.import_module(f"dlc.observe.trackers.{name}")
 
 
 def default_trackers(recipe: Recipe) -> tuple[Recipe, str | None]:

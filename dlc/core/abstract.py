@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -36,7 +36,7 @@ def _abstract(model_json: str) -> tuple[Any, dict[str, jax.ShapeDtypeStruct], An
     model = ModelConfig.model_validate_json(model_json)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(model, nnx.Rngs(0))), nnx.Param)
     params = nnx.to_pure_dict(state)
-    return graphdef, flatten_params(params), params
+    return graphdef, cast(dict[str, jax.ShapeDtypeStruct], flatten_params(params)), params
 
 
 def abstract_params(model: ModelConfig) -> tuple[Any, Any]:

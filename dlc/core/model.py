@@ -129,7 +129,7 @@ def apply_model(graphdef: nnx.GraphDef, params: Params, tokens_BxT: jax.Array) -
 def flatten_params(params: Params) -> dict[str, np.ndarray]:
     """Nested dict -> {"blocks/0/attn/qkv/kernel": array}, as host NumPy arrays (abstract leaves,
     `jax.ShapeDtypeStruct`, as they are)."""
-    flat: dict[str, np.ndarray] = {}
+    flat: dict[str, Any] = {}  # arrays, or jax.ShapeDtypeStruct for an abstract tree
 
     def visit(node: Any, prefix: str) -> None:
         if isinstance(node, dict):

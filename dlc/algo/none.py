@@ -24,7 +24,7 @@ class NoSync:
     seq = 0
     incarnation = 0
     waiting_s = 0.0
-    idle = None
+    idle: Callable[[], object] | None = None
     beat_at = float("-inf")
 
     def __init__(self, recipe: Recipe, learner: Learner, *args: Any) -> None:

@@ -42,12 +42,13 @@ class LearnerSync(Protocol):
     discarded_steps: float  # whole-model inner steps of progress adoptions threw away (goodput: wasted)
     seq: int  # the next message's sequence number; the engine starts each incarnation apart
     incarnation: int  # which process of this learner index this is (0, then +1 per restart)
-    waiting_s: float  # time the loop spent blocked on the network or on other learners
-    idle: Callable[[], None] | None  # called now and then while blocked
+    idle: Callable[[], object] | None  # called now and then while blocked (what it returns is ignored)
     # When a message last told the syncer this learner lives (time.monotonic; -inf: its messages
     # never do): the engine's heartbeat thread stays quiet for an interval after it.
     beat_at: float
 
+    @property
+    def waiting_s(self) -> float: ...  # time the loop spent blocked on the network or on other learners
     def step(self, stop: threading.Event) -> list[dict[str, Any]]: ...
     def receive(self, message: Any) -> None: ...
     def compile(self) -> None: ...  # every jitted function the loop runs, before it runs

@@ -91,7 +91,8 @@ def takes_settings(
                 raise UserError(exc.spelled(spell)) from None
 
         # Typer reads the options from the signature: the command's own, with the model's spliced in.
-        run.__signature__ = inspect.Signature([*own[:at], *generated, *own[at:]])
+        # (typeshed declares no __signature__ on functions, which inspect.signature reads.)
+        run.__signature__ = inspect.Signature([*own[:at], *generated, *own[at:]])  # type: ignore[attr-defined]
         return run
 
     return decorate

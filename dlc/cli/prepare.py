@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from dlc.data.manifest import Manifest
     from dlc.data.prepare import Progress
 
@@ -145,7 +147,7 @@ class PrepareProgress:
             disable=not self.console.is_terminal,
         )
         self.step: str | None = None  # a phase, or "merges": the BPE's training after its sample is read
-        self.task: int | None = None
+        self.task: TaskID | None = None
         self.step_started = 0.0
 
     def __enter__(self) -> PrepareProgress:
@@ -173,8 +175,8 @@ class PrepareProgress:
             description = self._DESCRIPTIONS[step]
             if step == "tokenize" and progress.workers > 1:
                 description += f" ({progress.workers} workers)"
-            total = None if step == "merges" else progress.total  # the merges have no measure: a pulse
-            self.task = self.bar.add_task(description, total=total, amount="", rate="")
+            measure = None if step == "merges" else progress.total  # the merges have no measure: a pulse
+            self.task = self.bar.add_task(description, total=measure, amount="", rate="")
             if not self.console.is_terminal:
                 what = {"bpe": " of training text to read", "merges": "", "tokenize": " of sources"}[step]
                 self.console.print(description + (f": {format_bytes(progress.total)}{what}" if what else ""))

@@ -14,6 +14,7 @@ import ast
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import typer
 from typer.core import TyperArgument, TyperOption
@@ -78,7 +79,8 @@ def cli_markdown() -> str:
     assert isinstance(group, typer.core.TyperGroup), "the dlc app has several commands, so Typer makes it a group"
     lines = [_cell(group.help or ""), "", "```text", "dlc COMMAND --help", "```", ""]
     for name, command in group.commands.items():  # in the order the app registers them
-        lines += _command_section(name, command)
+        # Typer makes each of the app's commands a TyperCommand; a group's `commands` are typed as click's
+        lines += _command_section(name, cast(typer.core.TyperCommand, command))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -135,9 +135,9 @@ class BlockIntCodec(Codec):
     def encode(self, x: np.ndarray) -> Encoded:
         flat = _flat32(x)
         n, bs = flat.size, self.block_size
-        blocks = np.zeros(self._num_blocks(n) * bs, dtype=np.float32)
-        blocks[:n] = flat  # zero padding leaves each block's absmax unchanged
-        blocks = blocks.reshape(-1, bs)
+        padded = np.zeros(self._num_blocks(n) * bs, dtype=np.float32)
+        padded[:n] = flat  # zero padding leaves each block's absmax unchanged
+        blocks = padded.reshape(-1, bs)
         with np.errstate(invalid="ignore"):
             absmax = np.max(np.abs(blocks), axis=1) if blocks.size else np.zeros(0)
         scales = (absmax / self.levels).astype(np.float32)

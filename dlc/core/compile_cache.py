@@ -134,14 +134,14 @@ class CompileLog:
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         jax.monitoring.register_event_listener(self._on_event)
 
-    def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+    def _on_duration(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             with self._lock:
                 self.compiled[str(kwargs.get("fun_name", "?"))] += 1
-                self.seconds += duration
+                self.seconds += duration_secs
                 self.compiling = not self._cached
 
-    def _on_event(self, event: str, **kwargs: Any) -> None:
+    def _on_event(self, event: str, **kwargs: str | int) -> None:
         if event == "/jax/compilation_cache/cache_hits":
             with self._lock:
                 self.cache_hits += 1

@@ -75,7 +75,7 @@ def encode_on_device(codec: str, block_size: int, x_M: jax.Array) -> tuple[jax.A
 class _Leaves(NamedTuple):
     """A parameter tree's leaves, in `jax.tree_util.tree_leaves` order."""
 
-    index: dict[str, int]  # "a/b/c" name -> position
+    position: dict[str, int]  # "a/b/c" name -> position (not `index`: a tuple's method)
     sizes: list[int]
     shapes: list[tuple[int, ...]]
     dtypes: list[Any]
@@ -112,14 +112,15 @@ def _by_pieces(plan: FragmentPlan, like: Params, M: int, codec: str, block_size:
     leaves = _Leaves.of(like)
 
     def canonical(span: Any) -> tuple[Any, ...]:  # its leaf's shape and dtype, its length; ties by place
-        i = leaves.index[span.name]
+        i = leaves.position[span.name]
         return (leaves.shapes[i], str(leaves.dtypes[i]), span.length, i, span.start)
 
     groups: dict[Any, int] = {}
-    functions, group, slots, tables = [], [], [], []
+    functions: list[tuple[Any, Any]] = []
+    group, slots, tables = [], [], []
     for p in range(plan.num_fragments):
         spans = sorted(plan.spans(p), key=canonical)
-        at = [leaves.index[s.name] for s in spans]  # each piece's leaf
+        at = [leaves.position[s.name] for s in spans]  # each piece's leaf
         mine = list(dict.fromkeys(at))  # leaves, first seen first
         spec = tuple((mine.index(i), s.length) for i, s in zip(at, spans, strict=True))
         key = (tuple((leaves.shapes[i], str(leaves.dtypes[i])) for i in mine), spec)
@@ -173,7 +174,7 @@ def _concatenated(plan: FragmentPlan, like: Params, M: int, codec: str, block_si
     for p in range(plan.num_fragments):
         parts = [np.zeros(0, np.int32)]
         for span in plan.spans(p):
-            begin = firsts[info.index[span.name]] + span.start
+            begin = firsts[info.position[span.name]] + span.start
             parts.append(np.arange(begin, begin + span.length, dtype=np.int32))
         flat = np.concatenate(parts)
         index = np.full(M, total, dtype=np.int32)
@@ -308,7 +309,7 @@ class FragmentOps:
             return vector
         return self.to_device(p, vector)
 
-    def to_host(self, p: int, vector_M: jax.Array) -> np.ndarray:
+    def to_host(self, p: int, vector_M: jax.Array | np.ndarray) -> np.ndarray:
         """Fragment p's values of a padded device vector, on the host (waits for it)."""
         return np.asarray(vector_M)[: self.sizes[p]].copy()
 
@@ -327,7 +328,7 @@ class FragmentOps:
 
     # -- the two operations -------------------------------------------------------------------
 
-    def push(self, params: Params, p: int, anchor_M: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def push(self, params: Params, p: int, anchor_M: jax.Array | np.ndarray) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Dispatch the extraction of fragment p; its outputs start copying to the host at once."""
         if not self._swap:
             self.compile(params)
@@ -339,7 +340,13 @@ class FragmentOps:
         return payload, scales, theta
 
     def write(
-        self, params: Params, p: int, value_M: jax.Array, ref_M: jax.Array | None = None, a: float = 0.0, b: float = 0.0
+        self,
+        params: Params,
+        p: int,
+        value_M: jax.Array | np.ndarray,
+        ref_M: jax.Array | np.ndarray | None = None,
+        a: float = 0.0,
+        b: float = 0.0,
     ) -> Params:
         """Dispatch `theta[p] <- value + a * theta[p] - b * ref`; the leaves it writes are donated."""
         if not self._swap:

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import jax.stages
 import optax
 from flax import nnx
+from jax.typing import ArrayLike
 
 from dlc.config.workload import InnerConfig
 from dlc.core.model import Params, apply_model
 
 Metrics = dict[str, jax.Array]
-TrainStep = Callable[[Params, Any, jax.Array, jax.Array], tuple[Params, Any, Metrics]]
+
+
+class TrainStep(Protocol):
+    """The jitted inner step: called, or lowered and compiled before its first call (`Learner.compile`)."""
+
+    def __call__(
+        self, params: Params, opt_state: Any, x_BxT: jax.Array, y_BxT: jax.Array
+    ) -> tuple[Params, Any, Metrics]: ...
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered: ...
 
 
 def make_schedule(cfg: InnerConfig, schedule_steps: int) -> optax.Schedule:
@@ -108,7 +118,11 @@ def make_train_step(
     )
 
 
-GradStep = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, Params, jax.Array]]
+class GradStep(Protocol):
+    """The jitted data-parallel step: (loss, gradients, gradient norm); called, or lowered and compiled first."""
+
+    def __call__(self, params: Params, x_BxT: jax.Array, y_BxT: jax.Array) -> tuple[jax.Array, Params, jax.Array]: ...
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered: ...
 
 
 def make_grad_step(graphdef: nnx.GraphDef, z_loss: float = 0.0) -> GradStep:
@@ -123,5 +137,5 @@ def make_grad_step(graphdef: nnx.GraphDef, z_loss: float = 0.0) -> GradStep:
     return jax.jit(grad_step)
 
 
-def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[Params, jax.Array, jax.Array], jax.Array]:
+def make_eval_step(graphdef: nnx.GraphDef) -> Callable[[Params, ArrayLike, ArrayLike], jax.Array]:  # host batches
     return jax.jit(lambda params, x, y: cross_entropy(graphdef, params, x, y))

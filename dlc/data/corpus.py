@@ -31,7 +31,7 @@ _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", 
 def stdlib_files() -> list[Path]:
     """The running interpreter's standard-library sources, tests and site-packages excluded."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    found = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP)
         found.extend(Path(dirpath) / f for f in filenames if f.endswith(".py"))

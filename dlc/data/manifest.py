@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -23,7 +23,7 @@ from dlc.errors import UserError
 
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
-FORMAT = "dlc-tokens"
+FORMAT: Final = "dlc-tokens"
 FORMAT_VERSION = 1
 UINT16_VOCAB = 2**16  # the largest vocabulary whose token ids fit uint16
 

@@ -19,7 +19,7 @@ import os
 import re
 import signal
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -234,7 +234,7 @@ class _Run:
         self.replaced = 0
         self.skipped = 0
 
-    def _documents(self, reading: Reading) -> Iterator[tuple[int, bool, str]]:
+    def _documents(self, reading: Reading) -> Generator[tuple[int, bool, str], None, None]:
         """(source index, held out, text) of each non-empty document, in order."""
         index = 0
         for number, source in enumerate(self.sources):
@@ -395,7 +395,7 @@ class _Run:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _check_split(self, totals: dict[SplitName, _SplitTotals]) -> None:
+    def _check_split(self, totals: dict[str, _SplitTotals]) -> None:
         train, held = totals["train"].documents, totals["eval"].documents
         if held == 0 or train == 0:
             which = "none was held out for eval" if held == 0 else "none was left for training"

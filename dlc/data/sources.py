@@ -25,7 +25,7 @@ import threading
 import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -60,7 +60,7 @@ class Source:
     kind: SourceKind
     size: int  # bytes: on disk, or the text of a dataset
 
-    def documents(self, reading: Reading) -> Iterator[str]:
+    def documents(self, reading: Reading) -> Generator[str, None, None]:
         """Its documents in order, empty ones included; counts into `reading` as it goes."""
         raise NotImplementedError
 
@@ -168,9 +168,12 @@ class FileSource(Source):
             if file_kind(path) == "parquet":
                 _check_parquet(path, field)
         self.size = sum(sizes.values())
-        self.kind = kind or max(sizes, key=lambda k: sizes[k])
+        if kind is None:  # the kind that holds most of its bytes
+            largest: FileKind = max(sizes, key=lambda k: sizes[k])
+            kind = largest
+        self.kind = kind
 
-    def documents(self, reading: Reading) -> Iterator[str]:
+    def documents(self, reading: Reading) -> Generator[str, None, None]:
         for path in self.files:
             kind = file_kind(path)
             if kind == "jsonl":
@@ -361,7 +364,7 @@ class DatasetSource(Source):
         self.dataset = dataset.select_columns([field])
         self.size = int(pc.sum(pc.binary_length(dataset.data.column(field))).as_py() or 0)
 
-    def documents(self, reading: Reading) -> Iterator[str]:
+    def documents(self, reading: Reading) -> Generator[str, None, None]:
         import pyarrow.compute as pc
 
         for table in self.dataset.with_format("arrow").iter(batch_size=1024):

@@ -57,7 +57,8 @@ class NodeAgentWorker:
         return os.getpid()
 
 
-NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentWorker)
+# Ray's stubs type `remote` with task options only: its actor options (max_concurrency) are missing.
+NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentWorker)  # type: ignore[call-overload]
 
 
 class Agents:

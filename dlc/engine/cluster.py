@@ -51,8 +51,8 @@ def draining_nodes() -> dict[str, float | None]:
     Ray has no public call for it; its GCS client's `get_draining_nodes` (what Ray Serve's safe draining
     reads) is used, and a Ray without it gives an empty answer rather than failing the run.
     """
-    try:
-        answer = ray._private.worker.global_worker.gcs_client.get_draining_nodes(timeout=2)
+    try:  # Ray's stubs declare no `gcs_client` on its private Worker
+        answer = ray._private.worker.global_worker.gcs_client.get_draining_nodes(timeout=2)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - a private API: any failure means "none known", never a failed run
         return {}
     return {str(node): (deadline / 1000.0 if deadline else None) for node, deadline in dict(answer).items()}
@@ -218,7 +218,7 @@ def _minimal_agent() -> Iterator[None]:
     try:
         yield
     finally:
-        utils.get_dashboard_dependency_error = saved  # type: ignore[assignment]
+        utils.get_dashboard_dependency_error = saved
 
 
 @contextlib.contextmanager

@@ -58,4 +58,5 @@ class EvaluatorWorker:
         return result
 
 
-EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)
+# Ray's stubs type `remote` with task options only: its actor options (max_concurrency) are missing.
+EvaluatorActor = ray.remote(max_concurrency=1)(EvaluatorWorker)  # type: ignore[call-overload]

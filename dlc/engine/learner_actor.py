@@ -69,7 +69,8 @@ class LearnerWorker:
         self.startup = Startup(self.recipe, index, requested_at, constructed)
         self.device, self.backend_error = self.startup.device, self.startup.backend_error
         if self.backend_error:
-            self.state, self.error = "failed", self.backend_error
+            self.state = "failed"
+            self.error: str | None = self.backend_error
             return
         from dlc.algo import get_algorithm
         from dlc.core.learner import Learner
@@ -96,7 +97,7 @@ class LearnerWorker:
         self.reports = Reports(self.recipe.run.log_every_steps)
         self.state = "starting" if index is not None else "spare"
         self.meter = Throughput()  # its tokens per second, measured by the loop
-        self.error: str | None = None
+        self.error = None
         self._stop = threading.Event()
         # A preemption notice (SIGTERM, or its node draining): the loop stops, hands its progress over
         # and the process leaves (`_leave`). `_reported` is set once a poll has carried that out.
@@ -163,12 +164,14 @@ class LearnerWorker:
     def restore(self, next_seq: int = 0) -> dict[str, Any]:
         """Load this learner's checkpoint, if any, numbering its pushes from `next_seq` on (the lowest seq
         the restored syncer has not seen from it); returns its step, data position and incarnation."""
+        assert self.checkpointer is not None, "restored before it became a learner, or its storage unusable"
         where = self.checkpointer.restore(next_seq)
         self.incarnation = where["incarnation"]
         return where
 
     def save(self, wait: bool = True) -> None:
         """Checkpoint; with `wait=False` (the loop's interval saves) the write goes on while it trains."""
+        assert self.checkpointer is not None, "saved before it became a learner, or its storage unusable"
         self.checkpointer.save(wait=wait)
 
     def start(self, global_fragments: list[np.ndarray] | None, versions: list[int] | None) -> int:
@@ -185,16 +188,18 @@ class LearnerWorker:
 
     def _heartbeats(self) -> None:
         """Tell the syncer this learner lives, and its step, every interval in which no push did."""
-        interval = self.recipe.syncer.heartbeat_interval_s
+        interval, index = self.recipe.syncer.heartbeat_interval_s, self.index
+        assert index is not None, "a spare starts its loop once it takes a slot"
         while not self._stop.wait(interval):
             if not self.link.connected:
                 self._reconnect()
             if time.monotonic() - self.sync.beat_at >= interval:
-                self.link.heartbeat(self.index, self.learner.step)
+                self.link.heartbeat(index, self.learner.step)
 
     def _try_connect(self) -> bool:
         """Connect to the syncer (channel=direct: its channel; always at once for channel=ray);
         False if it cannot now (hold _link_lock). A live syncer that refuses too long fails the run."""
+        assert self.index is not None, "a spare connects once it takes a slot"
         connected = self.link.connect(self.syncer, self.index)
         if self.link.failure is not None and self.error is None:
             self.error = self.link.failure
@@ -238,7 +243,7 @@ class LearnerWorker:
                 traced = profiler is not None and profiler.tick(learner.step)
                 started, waited = time.monotonic(), self.sync.waiting_s
                 events = self.sync.step(self._stop)
-                if traced:
+                if traced and profiler is not None:  # `traced` implies a profiler
                     events.append(self._traced(profiler))
                 self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
                 copying = time.monotonic()
@@ -284,12 +289,19 @@ class LearnerWorker:
 
     def poll(self) -> dict[str, Any]:
         if self.backend_error:
-            snapshot = {"id": self.index, "state": "failed", "phase": None, "startup": {}, "pid": os.getpid()}
+            snapshot: dict[str, Any] = {
+                "id": self.index,
+                "state": "failed",
+                "phase": None,
+                "startup": {},
+                "pid": os.getpid(),
+            }
             return {"snapshot": snapshot, "events": [], "metrics": [], "error": self.backend_error}
         with self.reports.lock:
             events, metrics = self.reports.take()
-            result = {"snapshot": self.snapshot(), "events": events, "metrics": metrics, "error": self.error}
-        if result["snapshot"]["state"] == "preempted":
+            snapshot = self.snapshot()
+            result = {"snapshot": snapshot, "events": events, "metrics": metrics, "error": self.error}
+        if snapshot["state"] == "preempted":
             self._reported.set()
         return result
 
@@ -346,6 +358,7 @@ class LearnerWorker:
 
     def impair_link(self, factor: float | None, seconds: float) -> None:
         """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""
+        assert self.index is not None, "a spare has no link to impair"  # the driver impairs live learners only
         self.transport.impair(self.index, factor, seconds)
 
     def ready(self) -> int:
@@ -478,4 +491,5 @@ def _in_actor() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
-LearnerActor = ray.remote(max_concurrency=4, concurrency_groups={"deliveries": 1})(LearnerWorker)
+# Ray's stubs type `remote` with task options only: its actor options (max_concurrency, concurrency_groups) are missing.
+LearnerActor = ray.remote(max_concurrency=4, concurrency_groups={"deliveries": 1})(LearnerWorker)  # type: ignore[call-overload]

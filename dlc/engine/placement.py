@@ -139,8 +139,7 @@ class Placement:
     def learner(self, index: int | None) -> dict[str, Any]:
         """Options besides num_cpus and num_gpus for learner `index` (None: a hot spare)."""
         s = self.recipe.learners.resolved(-1 if index is None else index)
-        in_group = self.group is not None and index is not None and 0 <= index < self.recipe.learners.count
-        if in_group:
+        if self.group is not None and index is not None and 0 <= index < self.recipe.learners.count:  # in the group
             return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, index)}
         out: dict[str, Any] = {"scheduling_strategy": "SPREAD" if self.group is None else "DEFAULT"}
         if s.resources:

@@ -95,13 +95,14 @@ class SyncerWorker:
 
     def _on_message(self, message: Any) -> None:
         """A message on the direct channel, from the reader thread of its learner's connection."""
+        # Ray's stubs make a @ray.method a remote method only; in the actor's own process it is the plain one.
         if isinstance(message, Beat):
             try:
-                self.heartbeat(message.learner, message.step)
+                self.heartbeat(message.learner, message.step)  # type: ignore[operator]
             except Exception:  # nobody waits for a heartbeat: the driver fails the run with it
                 self.error = self.error or traceback.format_exc()
         else:
-            self.push(message)
+            self.push(message)  # type: ignore[operator]
 
     def impair_link(self, index: int, factor: float | None, seconds: float) -> None:
         """Degrade learner `index`'s downlink by `factor` (None: cut it) for `seconds`."""
@@ -273,7 +274,8 @@ class SyncerWorker:
         return self.poll()
 
 
-SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)
+# Ray's stubs type `remote` with task options only: its actor options (max_concurrency, concurrency_groups) are missing.
+SyncerActor = ray.remote(max_concurrency=8, concurrency_groups={"pushes": 1})(SyncerWorker)  # type: ignore[call-overload]
 
 
 def _record_name(record: dict[str, Any]) -> str:

@@ -47,8 +47,8 @@ class Accepted(NamedTuple):
     @classmethod
     def of(cls, event: dict[str, Any]) -> Accepted | None:
         """The push of a `push_accepted` record; None for a record that does not say it all (an older log)."""
-        fields = [event.get(name) for name in cls._fields]
-        return cls(*fields) if all(isinstance(f, int) for f in fields) else None
+        fields = [value for value in (event.get(name) for name in cls._fields) if isinstance(value, int)]
+        return cls(*fields) if len(fields) == len(cls._fields) else None
 
 
 class SyncerReports:

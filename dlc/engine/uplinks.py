@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from multiprocessing.connection import AuthenticationError
+from multiprocessing import AuthenticationError  # the class multiprocessing.connection raises; typeshed has it here
 from typing import Any
 
 import ray
@@ -34,11 +34,11 @@ class RayCalls:
     def push(self) -> Any:
         return self.syncer.push
 
-    def connect(self, syncer: Any, index: int | None) -> bool:
+    def connect(self, syncer: Any, index: int) -> bool:
         self.syncer = syncer
         return True
 
-    def heartbeat(self, index: int | None, step: int) -> None:
+    def heartbeat(self, index: int, step: int) -> None:
         self.syncer.heartbeat.remote(index, step)
 
     def barrier(self, timeout_s: float) -> None:
@@ -64,7 +64,7 @@ class Channel:
     def push(self) -> Any:
         return self.uplink
 
-    def connect(self, syncer: Any, index: int | None) -> bool:
+    def connect(self, syncer: Any, index: int) -> bool:
         """Connect to `syncer`'s channel, unless already connected to it; False if it cannot now.
 
         A syncer that is dead or restarting is waited for: the supervisor hands over the next one
@@ -94,7 +94,7 @@ class Channel:
         self._unreachable = None
         return True
 
-    def heartbeat(self, index: int | None, step: int) -> None:
+    def heartbeat(self, index: int, step: int) -> None:
         self.uplink.heartbeat(index, step)
 
     def barrier(self, timeout_s: float) -> None:

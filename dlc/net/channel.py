@@ -166,7 +166,8 @@ class Hub:
             threading.Thread(target=self._serve, args=(conn, order), name="channel-reader", daemon=True).start()
 
     def _serve(self, conn: Connection, order: int) -> None:
-        peer = port = None
+        peer: Peer | None = None
+        port: Port | None = None
         try:
             authenticate(conn, self.authkey, listening=True)
             hello = conn.recv()
@@ -193,9 +194,9 @@ class Hub:
             with self._lock:
                 if peer in self._peers:
                     self._peers.discard(peer)
-                    self._received_before += peer.received  # type: ignore[union-attr]
-            if port is not None:
-                port.detach(peer)  # type: ignore[arg-type]
+                    self._received_before += peer.received
+            if port is not None and peer is not None:  # a port is only looked up for a peer
+                port.detach(peer)
             if peer is None:
                 conn.close()
             else:
@@ -225,7 +226,8 @@ class Uplink:
 
     def connect(self, address: tuple[str, int], authkey: bytes, learner: int) -> None:
         """Connect as `learner` (and hang up any earlier connection); raises if the syncer cannot be reached."""
-        conn = connection(socket.create_connection(tuple(address), timeout=30))
+        host, port = address  # any pair: a list from a Ray answer too
+        conn = connection(socket.create_connection((host, port), timeout=30))
         try:
             authenticate(conn, authkey, listening=False)
             conn.send(Hello(learner))
@@ -233,7 +235,7 @@ class Uplink:
             conn.close()
             raise
         with self._lock:
-            old, self._conn, self.peer = self._conn, conn, (tuple(address), authkey)
+            old, self._conn, self.peer = self._conn, conn, ((host, port), authkey)
         if old is not None:
             hang_up(old)
         threading.Thread(target=self._read, args=(conn,), name="channel-reader", daemon=True).start()

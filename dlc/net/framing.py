@@ -11,12 +11,8 @@ import os
 import socket
 import struct
 import threading
-from multiprocessing.connection import (
-    AuthenticationError,
-    Connection,
-    answer_challenge,
-    deliver_challenge,
-)
+from multiprocessing import AuthenticationError  # the class multiprocessing.connection raises; typeshed has it here
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 from dlc.net import wire

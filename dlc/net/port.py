@@ -121,6 +121,7 @@ class Port:
                 if self._closed:
                     return
                 peer, frame = self._peer, self._queue.popleft() if self._queue else []
+                assert peer is not None  # the wait ends on a peer, or on closing
                 self._writing = True
             sent = peer.send(frame)  # the rest of a message begun on a caller's thread first
             with self._cond:

@@ -18,7 +18,8 @@ from dlc.net.link import DelayLine, Link
 
 
 class Message(Protocol):
-    payload: Encoded | None  # None: a control message, counted as 0 bytes
+    @property
+    def payload(self) -> Encoded | None: ...  # None: a control message, counted as 0 bytes (read only: frozen)
 
 
 class RemoteMethod(Protocol):

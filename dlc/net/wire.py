@@ -74,7 +74,7 @@ def plain(array: Any, dtype: np.dtype) -> bool:
 
 def raw(array: np.ndarray) -> memoryview:
     """The bytes of a `plain` array, without a copy."""
-    return memoryview(array).cast("B")
+    return array.data.cast("B")  # memoryview(array): numpy's stubs give ndarray __buffer__ from Python 3.12 only
 
 
 def view(data: memoryview, dtype: np.dtype, count: int, offset: int) -> tuple[np.ndarray, int]:

@@ -154,8 +154,8 @@ def _learner_table(snap: dict[str, Any], narrow: bool = False) -> Table:
     with_device = len({row["device"] for row in snap["learners"] if row.get("device")}) > 1
     # Which node each learner runs on, once the learners run on more than one.
     with_node = len({row.get("node") for row in snap["learners"] if row.get("node")}) > 1
-    columns = ("id", "state", "step", "tokens", "tok/s", "loss", "last push", "stale", "restarts", "rejected")
-    columns += ("device",) if with_device else ()
+    columns = ["id", "state", "step", "tokens", "tok/s", "loss", "last push", "stale", "restarts", "rejected"]
+    columns += ["device"] if with_device else []
     with_mfu = any(row.get("mfu") is not None for row in snap["learners"])
     extra = (*(["goodput"] if with_goodput else []), *(["mfu"] if with_mfu else []), *(["node"] if with_node else []))
     for name in (*columns, *extra):

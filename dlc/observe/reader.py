@@ -149,7 +149,8 @@ class RunReader:
         events, metrics, chaos = (batch or [] for batch in batches)
         for e in events:
             kind, learner = e.get("kind"), e.get("learner")
-            if kind in ("learner_started", "learner_training") and isinstance(e.get("device"), str):
+            started = kind in ("learner_started", "learner_training")
+            if started and isinstance(learner, int) and isinstance(e.get("device"), str):
                 self.devices[learner] = e["device"]
             if kind == "cluster_started":
                 self.embedded = e.get("address") == "embedded"

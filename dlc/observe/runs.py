@@ -107,8 +107,8 @@ def load_run(path: Path, label: str) -> RunData:
             pending.discard(learner)
             rows = run.steps.setdefault(learner, [])
             rows.append((t, rows[-1][1] if rows else 0))
-    for learner, rows in run.train.items():
-        run.steps.setdefault(learner, []).extend((m["t"], int(m.get("step") or 0)) for m in rows)
+    for learner, records in run.train.items():
+        run.steps.setdefault(learner, []).extend((m["t"], int(m.get("step") or 0)) for m in records)
     for rows in run.steps.values():
         rows.sort()
     stamps = [x["t"] for x in [*events, *metrics] if isinstance(x.get("t"), int | float)]

@@ -320,13 +320,11 @@ def sweep(
     run(LABELS[dp], dp, 1, lambda c: simulate_dp(c, model, cell_rng(seed, dp, c, 1)))
     run(LABELS[elastic_dp], elastic_dp, 1, lambda c: simulate_elastic(c, model, cell_rng(seed, elastic_dp, c, 1)))
     for m in ms:
-        k = min(quorum, m)
-        run(
-            f"{LABELS[decoupled]} M={m}",
-            decoupled,
-            m,
-            lambda c, m=m, k=k: simulate_decoupled(c, m, k, model, cell_rng(seed, decoupled, c, m)),
-        )
+
+        def decoupled_cell(c: float, m: int = m, k: int = min(quorum, m)) -> SystemResult:
+            return simulate_decoupled(c, m, k, model, cell_rng(seed, decoupled, c, m))
+
+        run(f"{LABELS[decoupled]} M={m}", decoupled, m, decoupled_cell)
     return rows
 
 

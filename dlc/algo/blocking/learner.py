@@ -60,7 +60,7 @@ class BlockingLearnerSync:
         self._waited_s = 0.0
         self._waiting_since: float | None = None
         self.outstanding: Contribution | None = None  # sent, its version's model not yet received
-        self.idle: Callable[[], None] | None = None  # called while waiting (serves peers' state copies)
+        self.idle: Callable[[], object] | None = None  # called while waiting (serves peers' state copies)
         self.beat_at = float("-inf")  # its contributions are no heartbeats
         self._lock = threading.Lock()
 

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -200,7 +201,7 @@ class DecoupledLearnerSync:
     # threads of their own (see the module doc), so this stays 0. What does stop the loop,
     # checkpoints and state copies for a peer, the engine measures around it (`LearnerWorker.blocked_s`).
     waiting_s = 0.0
-    idle = None
+    idle: Callable[[], object] | None = None
 
     def step(self, stop: threading.Event) -> list[dict[str, Any]]:
         self.learner.train_step()
@@ -265,6 +266,7 @@ class DecoupledLearnerSync:
         elif self.adopt_mode == "mix":  # alpha * theta + (1 - alpha) * global
             params = self.ops.write(params, p, global_p, global_p, a=self.mix_alpha, b=self.mix_alpha)
         else:  # rebase: keep the local progress made since p was sent
+            assert sent is not None  # a rebase with nothing sent replaces (`replaces` above)
             params = self.ops.write(params, p, global_p, sent.theta, a=1.0, b=1.0)
         self.learner.params = params
         if replaces:

@@ -101,9 +101,10 @@ def _push_parts(push: Push) -> list[bytes | memoryview] | None:
 
 
 def _push_from(data: memoryview) -> Push:
-    *fields, incarnation, sent_at, step, given = wire.header(_PUSH, data)
+    learner, fragment, base_version, steps, tokens, seq, incarnation, sent_at, step, given = wire.header(_PUSH, data)
     payload = _encoded_from(data, _PUSH.size)
-    return Push(*fields, payload, sent_at, incarnation, step if given else None)
+    step = step if given else None
+    return Push(learner, fragment, base_version, steps, tokens, seq, payload, sent_at, incarnation, step)
 
 
 def _merged_parts(msg: MergedFragment) -> list[bytes | memoryview] | None:

@@ -43,17 +43,19 @@ class ReceivedFragments:
         one when it was the base differences parked here were waiting for."""
         p = msg.fragment
         out = []
-        while msg is not None:
+        following: MergedFragment | None = msg
+        while following is not None:
+            msg = following
             codec = get_codec(msg.payload.codec, msg.payload.block_size or 64)
+            held = self.held[p]
             if msg.base_version is None:
                 # An older value overtaken by a newer one: keep the newer. The same version sent
                 # whole again (by a restarted syncer) replaces what is held: it is what that syncer's
                 # next differences start from.
-                if self.held[p] is not None and msg.version < self.held[p][0]:
+                if held is not None and msg.version < held[0]:
                     break
                 value = codec.decode(msg.payload)
             else:
-                held = self.held[p]
                 if held is None or held[0] != msg.base_version:
                     if held is None or msg.base_version > held[0]:  # its base is still on the way
                         self.parked.setdefault(p, {})[msg.base_version] = msg
@@ -64,5 +66,5 @@ class ReceivedFragments:
             parked = self.parked.get(p, {})
             for base in [b for b in parked if b < msg.version]:  # bases this value superseded
                 del parked[base]
-            msg = parked.pop(msg.version, None)
+            following = parked.pop(msg.version, None)
         return out

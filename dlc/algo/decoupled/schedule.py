@@ -133,7 +133,7 @@ class Schedule:
         if last is None or rate is None or now <= last:
             return []
         self.global_step += (now - last) * rate
-        due = []
+        due: list[int] = []
         while self.global_step >= self._next_at():
             if len(due) < self.P:
                 due.append(self.next_round % self.P)

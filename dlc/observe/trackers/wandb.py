@@ -80,7 +80,7 @@ class WandbTracker:
             id=run_id,
             resume="allow",
             dir=str(opening.run_dir),
-            mode=mode,
+            mode=mode,  # type: ignore[arg-type]  # WANDB_MODE may hold any string: wandb itself checks it
             job_type="train",
             config=recipe.model_dump(mode="json"),
             allow_val_change=True,  # a resume may change what does not shape the state (max_steps, ...)

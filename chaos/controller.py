@@ -200,7 +200,7 @@ class Controller:
             self._record(fault, now, DRY_RUN, f"would {detail}")
         else:
             try:
-                self._inject(fault)
+                fault.inject(self.target)
             except (TargetError, OSError) as exc:
                 self._record(fault, now, FAILED, str(exc))
                 return
@@ -212,38 +212,6 @@ class Controller:
         if fault.kind.has_duration:
             return None if fault.duration_s is None else now + fault.duration_s
         return now + self.plan.in_flight_max_s
-
-    def _inject(self, fault: Fault) -> None:
-        t, learner = self.target, fault.learner
-        match fault.kind:
-            case FaultKind.KILL:
-                assert learner is not None
-                t.kill(learner)
-            case FaultKind.STALL:
-                assert learner is not None and fault.duration_s is not None
-                t.stall(learner, fault.duration_s)
-            case FaultKind.SLOW:
-                assert learner is not None and fault.factor is not None
-                t.slow(learner, fault.factor, fault.duration_s)
-            case FaultKind.JOIN:
-                t.join(fault.duration_s)
-            case FaultKind.LEAVE:
-                assert learner is not None
-                t.leave(learner)
-            case FaultKind.KILL_SYNCER:
-                t.kill_syncer()
-            case FaultKind.DEGRADE_LINK:
-                assert learner is not None and fault.factor is not None and fault.duration_s is not None
-                t.degrade_link(learner, fault.factor, fault.duration_s)
-            case FaultKind.CUT_LINK:
-                assert learner is not None and fault.duration_s is not None
-                t.cut_link(learner, fault.duration_s)
-            case FaultKind.KILL_NODE:
-                assert learner is not None
-                t.kill_node(learner)
-            case FaultKind.PREEMPT:
-                assert learner is not None and fault.notice_s is not None
-                t.preempt(learner, fault.notice_s)
 
     def _refusal(self, fault: Fault, now: float, learners: list[LearnerInfo]) -> str | None:
         """Why the fault may not fire now, or None."""

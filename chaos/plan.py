@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from chaos.faults import Fault, FaultKind
 from dlc.errors import UserError
@@ -21,24 +21,7 @@ from dlc.errors import UserError
 PLANS_DIR = Path(__file__).resolve().parent / "plans"
 
 # Names people reach for (often the CLI option's) -> the declared key, for did-you-mean.
-_ALIASES = {
-    "kill_rate": "kill_per_learner_per_min",
-    "stall_rate": "stall_per_learner_per_min",
-    "slow_rate": "slow_per_learner_per_min",
-    "leave_rate": "leave_per_learner_per_min",
-    "join_rate": "join_per_min",
-    "kill_syncer_rate": "kill_syncer_per_min",
-    "degrade_link_rate": "degrade_link_per_learner_per_min",
-    "cut_link_rate": "cut_link_per_learner_per_min",
-    "kill_node_rate": "kill_node_per_min",
-    "preempt_rate": "preempt_per_learner_per_min",
-    "notice": "preempt_notice_s",
-    "link_factor": "degrade_link_factor",
-    "stall_for": "stall_for_s",
-    "slow_for": "slow_for_s",
-    "join_for": "join_for_s",
-    "degrade_link_for": "degrade_link_for_s",
-    "cut_link_for": "cut_link_for_s",
+_ALIASES = {setting.alias: setting.key for kind in FaultKind for _, setting in kind.settings()} | {
     "duration": "duration_s",
     "warmup": "warmup_s",
     "min_gap": "min_gap_s",
@@ -49,42 +32,56 @@ _ALIASES = {
 }
 
 
+def _listed(names: list[str], last: str = "and") -> str:
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else names[0]
+
+
+def _kinds(where: Callable[[FaultKind], bool]) -> list[FaultKind]:
+    return [kind for kind in FaultKind if where(kind)]
+
+
+_LASTING = _kinds(lambda k: k.has_duration)
+_FACTORED = _kinds(lambda k: k.spec.factor is not None)
+_NOTICED = _kinds(lambda k: k.spec.notice is not None)
+
+
 class TimelineEntry(BaseModel):
     """One fault at a fixed time: `- {at_s: 30, fault: kill, learner: 2}`."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # an infinite rate would fire forever at once
 
     at_s: float = Field(..., ge=0, description="When to inject it, in seconds after the chaos clock starts.")
-    fault: FaultKind = Field(
-        ...,
-        description="kill, stall, slow, join, leave, kill_syncer, degrade_link, cut_link, kill_node or preempt.",
-    )
+    fault: FaultKind = Field(..., description=_listed([k.value for k in FaultKind], "or") + ".")
     learner: int | None = Field(
         None,
         ge=0,
-        description="Which learner (0-based); required for kill, stall, slow, leave, degrade_link, cut_link and "
-        "preempt, and for kill_node (every learner on that learner's node), absent otherwise.",
+        description=f"Which learner (0-based); required for "
+        f"{_listed([k.value for k in _kinds(lambda k: k.spec.target == 'learner')])}, and for "
+        f"{_listed([k.value for k in _kinds(lambda k: k.spec.target == 'node')])} (every learner on that learner's "
+        "node), absent otherwise.",
     )
     duration_s: float | None = Field(
         None,
         gt=0,
-        description="stall, slow, join, degrade_link, cut_link: how long it lasts. Default: the plan's stall_for_s, "
-        "slow_for_s, join_for_s, degrade_link_for_s, cut_link_for_s.",
+        description=f"{', '.join(k.value for k in _LASTING)}: how long it lasts. Default: the plan's "
+        f"{', '.join(k.spec.duration.key for k in _LASTING if k.spec.duration)}.",
     )
     until_end: bool = Field(
-        False, description="slow, join: last until the run ends instead of duration_s (heterogeneous hardware)."
+        False,
+        description=f"{', '.join(k.value for k in _LASTING if k.spec.until_end is None)}: last until the run ends "
+        "instead of duration_s (heterogeneous hardware).",
     )
     factor: float | None = Field(
         None,
         gt=1,
-        description="slow: step-time multiplier; degrade_link: bandwidth divisor and latency multiplier. Default: "
-        "the plan's slow_factor, degrade_link_factor.",
+        description="; ".join(f"{k.value}: {k.spec.factor.meaning}" for k in _FACTORED if k.spec.factor)
+        + f". Default: the plan's {', '.join(k.spec.factor.key for k in _FACTORED if k.spec.factor)}.",
     )
     notice_s: float | None = Field(
         None,
         gt=0,
-        description="preempt: seconds from its SIGTERM to the SIGKILL that ends the learner if it has not left. "
-        "Default: the plan's preempt_notice_s.",
+        description="; ".join(f"{k.value}: {k.spec.notice.meaning}" for k in _NOTICED if k.spec.notice)
+        + f". Default: the plan's {', '.join(k.spec.notice.key for k in _NOTICED if k.spec.notice)}.",
     )
 
     @field_validator("fault", mode="before")
@@ -100,33 +97,29 @@ class TimelineEntry(BaseModel):
     @model_validator(mode="after")
     def _fits_its_kind(self) -> TimelineEntry:
         kind = self.fault.value
+        spec = self.fault.spec
         if self.fault.needs_learner and self.learner is None:
             raise ValueError(f"{kind} needs a learner: add learner: N (0-based)")
         if not self.fault.needs_learner and self.learner is not None:
-            what = "adds a new learner" if self.fault is FaultKind.JOIN else "acts on the syncer"
+            what = "adds a new learner" if spec.target == "new" else "acts on the syncer"
             raise ValueError(f"{kind} {what} and takes no learner: remove learner: {self.learner}")
         if not self.fault.has_duration and (self.duration_s is not None or self.until_end):
             raise ValueError(f"{kind} is instantaneous and takes no duration_s or until_end: remove them")
-        if self.until_end and self.fault is FaultKind.STALL:
-            raise ValueError("a stall cannot last until_end (the learner would stay frozen): give duration_s")
-        if self.until_end and self.fault is FaultKind.CUT_LINK:
-            raise ValueError("a cut_link cannot last until_end (its messages would never arrive): give duration_s")
-        if self.until_end and self.fault is FaultKind.DEGRADE_LINK:
-            raise ValueError(
-                "a degrade_link cannot last until_end: give duration_s, or set learners.bandwidth_mbps and "
-                "learners.latency_ms in the recipe for a thin link all run long"
-            )
+        if self.until_end and spec.until_end is not None:
+            raise ValueError(spec.until_end)
         if self.until_end and self.duration_s is not None:
             raise ValueError(f"duration_s={self.duration_s:g} and until_end: true contradict each other: keep one")
-        if self.factor is not None and self.fault not in (FaultKind.SLOW, FaultKind.DEGRADE_LINK):
-            raise ValueError(f"factor is for slow or degrade_link, not {kind}: remove factor: {self.factor:g}")
-        if self.notice_s is not None and self.fault is not FaultKind.PREEMPT:
-            raise ValueError(f"notice_s is for preempt, not {kind}: remove notice_s: {self.notice_s:g}")
+        if self.factor is not None and spec.factor is None:
+            takes = _listed([k.value for k in _FACTORED], "or")
+            raise ValueError(f"factor is for {takes}, not {kind}: remove factor: {self.factor:g}")
+        if self.notice_s is not None and spec.notice is None:
+            takes = _listed([k.value for k in _NOTICED], "or")
+            raise ValueError(f"notice_s is for {takes}, not {kind}: remove notice_s: {self.notice_s:g}")
         return self
 
 
-class Plan(BaseModel):
-    """What to inject and the guardrails around it. Rates are Poisson rates, seeded by `seed`."""
+class _Guards(BaseModel):
+    """A plan's settings beside its faults': what it is, its seed, and the guardrails."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # an infinite rate would fire forever at once
 
@@ -159,53 +152,34 @@ class Plan(BaseModel):
         description="A kill is in flight until its learner trains again after being seen down or in a new "
         "process (a hot spare), a leave until it is gone, a syncer kill for this long; none longer than this.",
     )
-    kill_per_learner_per_min: float = Field(0.0, ge=0, description="Poisson rate of kills, per learner per minute.")
-    stall_per_learner_per_min: float = Field(0.0, ge=0, description="Poisson rate of stalls, per learner per minute.")
-    stall_for_s: float = Field(10.0, gt=0, description="How long a stall freezes its learner.")
-    slow_per_learner_per_min: float = Field(
-        0.0, ge=0, description="Poisson rate of slow-downs, per learner per minute."
-    )
-    slow_factor: float = Field(3.0, gt=1, description="A slow-down multiplies its learner's step time by this.")
-    slow_for_s: float = Field(30.0, gt=0, description="How long a slow-down lasts.")
-    leave_per_learner_per_min: float = Field(
-        0.0, ge=0, description="Poisson rate at which a learner retires for good, per learner per minute."
-    )
-    join_per_min: float = Field(0.0, ge=0, description="Poisson rate of temporary learners joining, per minute.")
-    join_for_s: float = Field(60.0, gt=0, description="How long a joined learner stays before it retires.")
-    kill_syncer_per_min: float = Field(0.0, ge=0, description="Poisson rate of syncer kills, per minute.")
-    degrade_link_per_learner_per_min: float = Field(
-        0.0, ge=0, description="Poisson rate of link degradations, per learner per minute."
-    )
-    degrade_link_factor: float = Field(
-        10.0,
-        gt=1,
-        description="A link degradation divides its learner's link bandwidth by this and multiplies its latency by "
-        "this.",
-    )
-    degrade_link_for_s: float = Field(30.0, gt=0, description="How long a link degradation lasts.")
-    cut_link_per_learner_per_min: float = Field(
-        0.0, ge=0, description="Poisson rate of link cuts, per learner per minute."
-    )
-    cut_link_for_s: float = Field(
-        10.0, gt=0, description="How long a link cut lasts; messages queue meanwhile and go out when it ends."
-    )
-    kill_node_per_min: float = Field(
-        0.0,
-        ge=0,
-        description="Poisson rate of lost nodes (every learner on one node killed at once), per minute for the "
-        "whole run; each names the node of a learner drawn at random.",
-    )
-    preempt_per_learner_per_min: float = Field(
-        0.0,
-        ge=0,
-        description="Poisson rate of preemptions (SIGTERM, then SIGKILL after the notice), per learner per minute.",
-    )
-    preempt_notice_s: float = Field(
-        30.0,
-        gt=0,
-        description="A preemption's notice: seconds from its SIGTERM to the SIGKILL that ends a learner that has not "
-        "left by then (spot VMs get 30-120 s, Kubernetes' default grace period is 30 s).",
-    )
+
+
+def _fault_fields() -> dict[str, Any]:
+    """Each kind's plan keys, as its spec declares them: rates at least 0, factors above 1, times above 0."""
+    # (ge, gt) of each slot
+    bounds: dict[str, tuple[float | None, float | None]] = {
+        "rate": (0, None),
+        "factor": (None, 1),
+        "duration": (None, 0),
+        "notice": (None, 0),
+    }
+    return {
+        setting.key: (
+            float,
+            Field(setting.default, description=setting.description, ge=bounds[slot][0], gt=bounds[slot][1]),
+        )
+        for kind in FaultKind
+        for slot, setting in kind.settings()
+    }
+
+
+# The guardrails, then every kind's keys; `Plan` adds the timeline.
+_Settings = create_model("_Settings", __base__=_Guards, **_fault_fields())
+
+
+class Plan(_Settings):
+    """What to inject and the guardrails around it. Rates are Poisson rates, seeded by `seed`."""
+
     timeline: list[TimelineEntry] = Field(
         default_factory=list, description="Faults at fixed times, each like {at_s: 30, fault: kill, learner: 2}."
     )
@@ -231,35 +205,18 @@ class Plan(BaseModel):
 
     def rate_per_min(self, kind: FaultKind) -> float:
         """The Poisson rate of a kind: per learner for learner faults, for the whole run otherwise."""
-        return {
-            FaultKind.KILL: self.kill_per_learner_per_min,
-            FaultKind.STALL: self.stall_per_learner_per_min,
-            FaultKind.SLOW: self.slow_per_learner_per_min,
-            FaultKind.LEAVE: self.leave_per_learner_per_min,
-            FaultKind.JOIN: self.join_per_min,
-            FaultKind.KILL_SYNCER: self.kill_syncer_per_min,
-            FaultKind.DEGRADE_LINK: self.degrade_link_per_learner_per_min,
-            FaultKind.CUT_LINK: self.cut_link_per_learner_per_min,
-            FaultKind.KILL_NODE: self.kill_node_per_min,
-            FaultKind.PREEMPT: self.preempt_per_learner_per_min,
-        }[kind]
+        return float(getattr(self, kind.spec.rate.key))
 
     def default_duration_s(self, kind: FaultKind) -> float | None:
-        return {
-            FaultKind.STALL: self.stall_for_s,
-            FaultKind.SLOW: self.slow_for_s,
-            FaultKind.JOIN: self.join_for_s,
-            FaultKind.DEGRADE_LINK: self.degrade_link_for_s,
-            FaultKind.CUT_LINK: self.cut_link_for_s,
-        }.get(kind)
+        return None if kind.spec.duration is None else float(getattr(self, kind.spec.duration.key))
 
     def default_factor(self, kind: FaultKind) -> float | None:
         """The factor of a kind that takes one (slow, degrade_link); None for the others."""
-        return {FaultKind.SLOW: self.slow_factor, FaultKind.DEGRADE_LINK: self.degrade_link_factor}.get(kind)
+        return None if kind.spec.factor is None else float(getattr(self, kind.spec.factor.key))
 
     def default_notice_s(self, kind: FaultKind) -> float | None:
         """The notice of a kind that gives one (preempt); None for the others."""
-        return self.preempt_notice_s if kind is FaultKind.PREEMPT else None
+        return None if kind.spec.notice is None else float(getattr(self, kind.spec.notice.key))
 
     def fault_of(self, entry: TimelineEntry) -> Fault:
         """A timeline entry with the plan's defaults filled in."""
@@ -288,15 +245,12 @@ class Plan(BaseModel):
             rate = self.rate_per_min(kind)
             if rate:
                 per = "/learner/min" if kind.rate_per_learner else "/min"
-                extra = {
-                    FaultKind.STALL: f" for {self.stall_for_s:g} s",
-                    FaultKind.SLOW: f" x{self.slow_factor:g} for {self.slow_for_s:g} s",
-                    FaultKind.JOIN: f" for {self.join_for_s:g} s",
-                    FaultKind.DEGRADE_LINK: f" x{self.degrade_link_factor:g} for {self.degrade_link_for_s:g} s",
-                    FaultKind.CUT_LINK: f" for {self.cut_link_for_s:g} s",
-                    FaultKind.PREEMPT: f" with {self.preempt_notice_s:g} s notice",
-                }.get(kind, "")
-                parts.append(f"{kind.value} {rate:g}{per}{extra}")
+                numbers = {
+                    "duration": self.default_duration_s(kind),
+                    "factor": self.default_factor(kind),
+                    "notice": self.default_notice_s(kind),
+                }
+                parts.append(f"{kind.value} {rate:g}{per}{kind.spec.summary.format(**numbers)}")
         if self.timeline:
             parts.append(f"{len(self.timeline)} timeline fault(s)")
         lasting = f"{self.duration_s:g} s" if self.duration_s is not None else "until the run ends"

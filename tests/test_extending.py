@@ -39,6 +39,24 @@ def changed_files(copy: Path) -> list[str]:
     return out
 
 
+def apply_example(tmp_path: Path, module_path: str, module: str, registry_path: str, at: str, entry: str) -> Path:
+    """A copy of the repository with the example's module written in and its registry entry made: the
+    entry replaces the registry's line that starts with `at`, or, when `at` ends a line, goes after it."""
+    copy = copy_repo(tmp_path)
+    (copy / module_path).write_text(module)
+    registry = copy / registry_path
+    text = registry.read_text()
+    assert text.count(at) == 1, f"{registry_path} holds {at!r} {text.count(at)} times"
+    if at.endswith("\n"):
+        text = text.replace(at, at + entry, 1)
+    else:
+        line = next(line for line in text.splitlines() if line.startswith(at))
+        text = text.replace(line, entry.strip(), 1)
+    registry.write_text(text)
+    assert changed_files(copy) == sorted([registry_path, module_path])
+    return copy
+
+
 def run_in(copy: Path, script: str) -> str:
     result = subprocess.run(
         [sys.executable, "-c", script],
@@ -99,14 +117,8 @@ print("ok", losses[0], losses[-1])
 
 @pytest.mark.timeout(600)
 def test_a_block_family_is_one_module_and_its_name(tmp_path):
-    module, registry_entry = section_code("A block family (`model.arch`)")
-    copy = copy_repo(tmp_path)
-    (copy / "dlc/core/arch/qwen2.py").write_text(module)
-    workload = copy / "dlc/config/workload.py"
-    text = workload.read_text()
-    assert text.count("ARCHES = {\n") == 1
-    workload.write_text(text.replace("ARCHES = {\n", "ARCHES = {\n" + registry_entry, 1))
-    assert changed_files(copy) == ["dlc/config/workload.py", "dlc/core/arch/qwen2.py"]
+    module, entry = section_code("A block family (`model.arch`)")
+    copy = apply_example(tmp_path, "dlc/core/arch/qwen2.py", module, "dlc/config/workload.py", "ARCHES = {\n", entry)
     assert run_in(copy, FAMILY_CHECK).startswith("ok")
 
 
@@ -137,13 +149,6 @@ print("ok")
 
 
 def test_a_tracker_is_one_module_and_its_name(tmp_path):
-    module, registry_line = section_code("An experiment tracker (`track`)")
-    copy = copy_repo(tmp_path)
-    (copy / "dlc/observe/trackers/csv.py").write_text(module)
-    job = copy / "dlc/config/job.py"
-    text = job.read_text()
-    old = [line for line in text.splitlines() if line.startswith("TRACKERS = (")]
-    assert len(old) == 1
-    job.write_text(text.replace(old[0], registry_line.strip(), 1))
-    assert changed_files(copy) == ["dlc/config/job.py", "dlc/observe/trackers/csv.py"]
+    module, line = section_code("An experiment tracker (`track`)")
+    copy = apply_example(tmp_path, "dlc/observe/trackers/csv.py", module, "dlc/config/job.py", "TRACKERS = (", line)
     assert run_in(copy, TRACKER_CHECK).startswith("ok")

@@ -1,118 +1,71 @@
 """`dlc chaos`: attach to a running run and inject faults into it, from a plan and/or rate options.
 
-Thin: parse options into plan overrides, find the run directory, call chaos.controller, render.
-The chaos package is imported inside the command so importing this module stays cheap.
+Thin: parse options into plan overrides, find the run directory, call chaos.controller, render. The
+fault kinds' options come from their specs (`chaos.faults`, a light import); the rest of the chaos
+package is imported inside the command so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from chaos.faults import FaultKind, Setting
 from dlc.cli.tables import print_table
 from dlc.errors import UserError
 
 if TYPE_CHECKING:
     from chaos.controller import Report
 
+# The fault kinds' options, each overriding a plan key (`chaos.faults`: the specs say which).
+FAULT_OPTIONS = {s.option: s for kind in FaultKind for _, s in kind.settings() if s.option}
 # Command-line option -> the plan key it overrides.
-OPTION_KEYS = {
-    "--kill-rate": "kill_per_learner_per_min",
-    "--stall-rate": "stall_per_learner_per_min",
-    "--stall-for": "stall_for_s",
-    "--slow-rate": "slow_per_learner_per_min",
-    "--slow-factor": "slow_factor",
-    "--slow-for": "slow_for_s",
-    "--degrade-link-rate": "degrade_link_per_learner_per_min",
-    "--link-factor": "degrade_link_factor",
-    "--cut-link-rate": "cut_link_per_learner_per_min",
-    "--kill-node-rate": "kill_node_per_min",
-    "--preempt-rate": "preempt_per_learner_per_min",
-    "--notice-s": "preempt_notice_s",
+OPTION_KEYS = {option: s.key for option, s in FAULT_OPTIONS.items()} | {
     "--seed": "seed",
     "--duration": "duration_s",
     "--warmup": "warmup_s",
 }
 
 
+def _parameter(option: str, setting: Setting) -> inspect.Parameter:
+    rate = option.endswith("-rate")
+    help = setting.help if rate else f"{setting.help} (default: the plan's, else {setting.default:g})"
+    return inspect.Parameter(
+        option.removeprefix("--").replace("-", "_"),
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[float | None, typer.Option(option, help=help, show_default=False)],
+    )
+
+
+def _takes_fault_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` one option per fault setting with an option (after RUN), passed on as `faults`:
+    option -> value."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "faults"]
+    generated = [_parameter(option, setting) for option, setting in FAULT_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        faults = {option: kwargs.pop(p.name) for option, p in zip(FAULT_OPTIONS, generated, strict=True)}
+        command(**kwargs, faults=faults)
+
+    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+    run.__signature__ = inspect.Signature([keyword[0], *generated, *keyword[1:]])  # type: ignore[attr-defined]
+    return run
+
+
+@_takes_fault_options
 def chaos_command(
     run: Annotated[
         Path | None,
         typer.Argument(
             metavar="RUN", help="Run directory (or its name under ./runs). Default: the latest run.", show_default=False
-        ),
-    ] = None,
-    kill_rate: Annotated[
-        float | None, typer.Option("--kill-rate", help="SIGKILLs per learner per minute (Poisson).", show_default=False)
-    ] = None,
-    stall_rate: Annotated[
-        float | None,
-        typer.Option("--stall-rate", help="Stalls (SIGSTOP) per learner per minute (Poisson).", show_default=False),
-    ] = None,
-    stall_for: Annotated[
-        float | None,
-        typer.Option("--stall-for", help="Seconds a stall lasts (default: the plan's, else 10)", show_default=False),
-    ] = None,
-    slow_rate: Annotated[
-        float | None,
-        typer.Option("--slow-rate", help="Slow-downs per learner per minute (Poisson).", show_default=False),
-    ] = None,
-    slow_factor: Annotated[
-        float | None,
-        typer.Option(
-            "--slow-factor",
-            help="Step-time multiplier of a slow-down (default: the plan's, else 3)",
-            show_default=False,
-        ),
-    ] = None,
-    slow_for: Annotated[
-        float | None,
-        typer.Option("--slow-for", help="Seconds a slow-down lasts (default: the plan's, else 30)", show_default=False),
-    ] = None,
-    degrade_link_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--degrade-link-rate", help="Link degradations per learner per minute (Poisson).", show_default=False
-        ),
-    ] = None,
-    link_factor: Annotated[
-        float | None,
-        typer.Option(
-            "--link-factor",
-            help="A degraded link's bandwidth is divided, its latency multiplied, by this (default: the plan's, "
-            "else 10)",
-            show_default=False,
-        ),
-    ] = None,
-    cut_link_rate: Annotated[
-        float | None,
-        typer.Option("--cut-link-rate", help="Link cuts per learner per minute (Poisson).", show_default=False),
-    ] = None,
-    kill_node_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--kill-node-rate",
-            help="Lost nodes per minute, run-wide (Poisson): every learner on one node killed at once.",
-            show_default=False,
-        ),
-    ] = None,
-    preempt_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--preempt-rate",
-            help="Preemptions per learner per minute (Poisson): SIGTERM, then SIGKILL after the notice.",
-            show_default=False,
-        ),
-    ] = None,
-    notice_s: Annotated[
-        float | None,
-        typer.Option(
-            "--notice-s",
-            help="Seconds from a preemption's SIGTERM to its SIGKILL (default: the plan's, else 30)",
-            show_default=False,
         ),
     ] = None,
     plan: Annotated[
@@ -143,29 +96,14 @@ def chaos_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print and record what would be injected; touch nothing.")
     ] = False,
+    faults: dict[str, float | None] | None = None,
 ) -> None:
     """Inject faults into a running run until --duration ends or the run finishes (Ctrl-C stops)."""
     from chaos.controller import Controller
     from chaos.plan import load_plan
     from chaos.target import RunDirTarget
 
-    given = {
-        "--kill-rate": kill_rate,
-        "--stall-rate": stall_rate,
-        "--stall-for": stall_for,
-        "--slow-rate": slow_rate,
-        "--slow-factor": slow_factor,
-        "--slow-for": slow_for,
-        "--degrade-link-rate": degrade_link_rate,
-        "--link-factor": link_factor,
-        "--cut-link-rate": cut_link_rate,
-        "--kill-node-rate": kill_node_rate,
-        "--preempt-rate": preempt_rate,
-        "--notice-s": notice_s,
-        "--seed": seed,
-        "--duration": duration,
-        "--warmup": warmup,
-    }
+    given = {**(faults or {}), "--seed": seed, "--duration": duration, "--warmup": warmup}
     for option, value in given.items():
         if isinstance(value, float) and not math.isfinite(value):  # an infinite rate never stops firing
             raise UserError(f"{option}={value} must be a finite number")
@@ -176,10 +114,8 @@ def chaos_command(
         overrides["dry_run"] = True
     loaded = load_plan(plan, overrides, {key: option for option, key in OPTION_KEYS.items()})
     if loaded.is_empty():
-        raise UserError(
-            "nothing to inject: give --kill-rate, --stall-rate, --slow-rate, --degrade-link-rate, --cut-link-rate, "
-            "--kill-node-rate or --preempt-rate, or a --plan"
-        )
+        rates = [option for option in FAULT_OPTIONS if option.endswith("-rate")]
+        raise UserError(f"nothing to inject: give {', '.join(rates[:-1])} or {rates[-1]}, or a --plan")
     from dlc.run.files import resolve_run
 
     run_dir = resolve_run(run, live=True)

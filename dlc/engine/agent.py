@@ -124,13 +124,19 @@ class Signals:
         if node is None:
             self._ignore(request, f"learner {i} has not reported its node yet")
             return
+        # The chaos plan resolves every duration and notice (its defaults are the only ones): a request
+        # without what its fault needs is ignored, never given a default of the engine's own.
+        needs = {"stall": "duration_s", "preempt": "notice_s"}.get(str(op))
+        if needs is not None and not request.get(needs):
+            self._ignore(request, f"a {op} request without its {needs}")
+            return
         agent = self.agents.on(node)
         if op == "kill":
             ref = agent.kill.remote([pid])
         elif op == "stall":
-            ref = agent.stall.remote(pid, float(request.get("duration_s") or 10.0))
+            ref = agent.stall.remote(pid, float(request["duration_s"]))
         elif op == "preempt":
-            ref = agent.preempt.remote(pid, float(request.get("notice_s") or 30.0))
+            ref = agent.preempt.remote(pid, float(request["notice_s"]))
         else:  # kill_node: every live learner on that node, at once
             victims = sorted(j for j, v in live.items() if v.get("node_id") == node and v.get("pid"))
             self.chaos.note_victims("kill_node", victims, float(request.get("t") or time.time()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from pathlib import Path
@@ -16,25 +17,8 @@ from tests.helpers import REPO, write_status
 
 
 def _args(**kw: Any) -> dict[str, Any]:
-    base = dict.fromkeys(
-        (
-            "run",
-            "kill_rate",
-            "stall_rate",
-            "stall_for",
-            "slow_rate",
-            "slow_factor",
-            "slow_for",
-            "degrade_link_rate",
-            "link_factor",
-            "cut_link_rate",
-            "plan",
-            "seed",
-            "duration",
-            "warmup",
-        )
-    )
-    return {**base, "dry_run": False, **kw}
+    """Every option of the command at its default (its fault options come from the fault specs), then `kw`."""
+    return {**{name: p.default for name, p in inspect.signature(chaos_command).parameters.items()}, **kw}
 
 
 def test_chaos_command_dry_run_on_the_latest_run(tmp_path: Path, monkeypatch, capsys, spawn):

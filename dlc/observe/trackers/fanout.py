@@ -27,7 +27,6 @@ from dlc.run.files import TRACKERS_FILE, read_json, write_json_atomic
 STATUS_EVERY_S = 5.0  # status.json is rewritten every second; the trackers get a point every few seconds
 
 
-
 @dataclass(frozen=True)
 class Opening:
     """What a tracker starts from."""

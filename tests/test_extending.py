@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,30 +31,43 @@ def copy_repo(into: Path) -> Path:
 
 
 def changed_files(copy: Path) -> list[str]:
-    """Files of dlc/ in the copy that are new or differ from the repository's."""
+    """Files of dlc/ and chaos/ in the copy that are new or differ from the repository's."""
     out = []
-    for path in sorted((copy / "dlc").rglob("*.py")):
+    for path in sorted([*(copy / "dlc").rglob("*.py"), *(copy / "chaos").rglob("*.py")]):
         original = REPO / path.relative_to(copy)
         if not original.exists() or not filecmp.cmp(path, original, shallow=False):
             out.append(str(path.relative_to(copy)))
     return out
 
 
-def apply_example(tmp_path: Path, module_path: str, module: str, registry_path: str, at: str, entry: str) -> Path:
-    """A copy of the repository with the example's module written in and its registry entry made: the
-    entry replaces the registry's line that starts with `at`, or, when `at` ends a line, goes after it."""
+def _line_starting(lines: list[str], anchor: str) -> int:
+    at = [i for i, line in enumerate(lines) if line.startswith(anchor)]
+    assert len(at) == 1, f"{len(at)} lines start with {anchor!r}"
+    return at[0]
+
+
+def insert(text: str, anchor: str, block: str, before: bool = False) -> str:
+    """`block` put after (or before) the one line of `text` that starts with `anchor`."""
+    lines = text.splitlines(keepends=True)
+    i = _line_starting(lines, anchor) + (0 if before else 1)
+    return "".join([*lines[:i], block, *lines[i:]])
+
+
+def replace_line(text: str, anchor: str, line: str) -> str:
+    """The one line of `text` that starts with `anchor` replaced by `line`."""
+    lines = text.splitlines(keepends=True)
+    lines[_line_starting(lines, anchor)] = line.rstrip("\n") + "\n"
+    return "".join(lines)
+
+
+def apply_example(tmp_path: Path, new: dict[str, str], edits: dict[str, Callable[[str], str]]) -> Path:
+    """A copy of the repository with the example's new files written and its edits made; nothing else differs."""
     copy = copy_repo(tmp_path)
-    (copy / module_path).write_text(module)
-    registry = copy / registry_path
-    text = registry.read_text()
-    assert text.count(at) == 1, f"{registry_path} holds {at!r} {text.count(at)} times"
-    if at.endswith("\n"):
-        text = text.replace(at, at + entry, 1)
-    else:
-        line = next(line for line in text.splitlines() if line.startswith(at))
-        text = text.replace(line, entry.strip(), 1)
-    registry.write_text(text)
-    assert changed_files(copy) == sorted([registry_path, module_path])
+    for path, text in new.items():
+        (copy / path).write_text(text)
+    for path, edit in edits.items():
+        (copy / path).write_text(edit((copy / path).read_text()))
+    assert changed_files(copy) == sorted([*new, *edits])
     return copy
 
 
@@ -118,7 +132,11 @@ print("ok", losses[0], losses[-1])
 @pytest.mark.timeout(600)
 def test_a_block_family_is_one_module_and_its_name(tmp_path):
     module, entry = section_code("A block family (`model.arch`)")
-    copy = apply_example(tmp_path, "dlc/core/arch/qwen2.py", module, "dlc/config/workload.py", "ARCHES = {\n", entry)
+    copy = apply_example(
+        tmp_path,
+        {"dlc/core/arch/qwen2.py": module},
+        {"dlc/config/workload.py": lambda text: insert(text, "ARCHES = {", entry)},
+    )
     assert run_in(copy, FAMILY_CHECK).startswith("ok")
 
 
@@ -150,5 +168,62 @@ print("ok")
 
 def test_a_tracker_is_one_module_and_its_name(tmp_path):
     module, line = section_code("An experiment tracker (`track`)")
-    copy = apply_example(tmp_path, "dlc/observe/trackers/csv.py", module, "dlc/config/job.py", "TRACKERS = (", line)
+    copy = apply_example(
+        tmp_path,
+        {"dlc/observe/trackers/csv.py": module},
+        {"dlc/config/job.py": lambda text: replace_line(text, "TRACKERS = (", line)},
+    )
     assert run_in(copy, TRACKER_CHECK).startswith("ok")
+
+
+FAULT_CHECK = """
+import random
+from pathlib import Path
+import dlc
+assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
+from typer.testing import CliRunner
+from chaos.faults import FaultKind
+from chaos.plan import plan_from_dict, reference_markdown
+from chaos.schedule import faults_until
+from dlc.cli.app import app
+
+flap = FaultKind("flap_link")
+plan = plan_from_dict({"flap_link_per_learner_per_min": 6.0, "warmup_s": 0})
+drawn = faults_until(plan, [0, 1], random.Random(0), 60.0)
+assert drawn and all(f.kind is flap and f.duration_s == 2.0 for f in drawn), drawn
+assert "flap_link 6/learner/min for 2 s" in plan.summary(), plan.summary()
+
+calls = []
+class Recorder:
+    def __getattr__(self, name):
+        return lambda *args: calls.append((name, args))
+drawn[0].inject(Recorder())
+assert calls == [("cut_link", (drawn[0].learner, 2.0))], calls
+
+timed = plan_from_dict({"timeline": [{"at_s": 30, "fault": "flap_link", "learner": 1}]})
+assert timed.fault_of(timed.timeline[0]).describe() == "link cut for 2 s, a flap"
+try:
+    plan_from_dict({"timeline": [{"at_s": 30, "fault": "flap_link", "learner": 1, "until_end": True}]})
+    raise AssertionError("until_end accepted")
+except Exception as exc:
+    assert "a moment's cut" in str(exc), exc
+try:
+    plan_from_dict({"flap_link_rate": 1})
+    raise AssertionError("an alias accepted as a key")
+except Exception as exc:
+    assert "did you mean flap_link_per_learner_per_min?" in str(exc), exc
+
+assert "--flap-link-rate" in CliRunner().invoke(app, ["chaos", "--help"], env={"COLUMNS": "200"}).output
+assert "`flap_link_for_s` | `2.0`" in reference_markdown()
+print("ok")
+"""
+
+
+def test_a_fault_with_a_mechanism_of_its_own_is_one_spec(tmp_path):
+    (member,) = section_code("A chaos fault")
+    copy = apply_example(
+        tmp_path,
+        {},
+        {"chaos/faults.py": lambda text: insert(text, "    def __new__(cls, spec: Spec)", member + "\n", before=True)},
+    )
+    assert run_in(copy, FAULT_CHECK).startswith("ok")

@@ -7,7 +7,7 @@
 Each positional argument is one setting, `LABEL:KEY=VALUE,...` or just `KEY=VALUE,...` (the label is
 then the overrides); a key that does not start with a recipe section is a `syncer.` key
 (`outer.lr=0.7` is `syncer.outer.lr=0.7`); `default` runs the recipe as it is.
-Every setting x seed trains M learners of the twin (`dlc.engine.local.InProcessRun`: one process, no
+Every setting x seed trains M learners of the twin (`dlc.algo.local.InProcessRun`: one process, no
 Ray, deterministic) to the same token budget, the learners each at its own pace (`--paces`, step
 times relative to each other: unequal paces make pushes stale), and reports the global model's eval
 loss, its gap to data-parallel (one learner stepping the learners' summed batch for as many steps, the

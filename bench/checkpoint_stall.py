@@ -30,7 +30,7 @@ from dlc.algo import get_algorithm  # noqa: E402
 from dlc.config.load import load_recipe  # noqa: E402
 from dlc.core.learner import Learner  # noqa: E402
 from dlc.core.model import count_params  # noqa: E402
-from dlc.engine.learner_checkpoints import LearnerCheckpoints  # noqa: E402
+from dlc.engine.learner.checkpoints import LearnerCheckpoints  # noqa: E402
 from dlc.net.transport import Transport  # noqa: E402
 
 ARMS = ("blocking", "background")

@@ -16,10 +16,10 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
+from dlc.algo.local import InProcessRun  # noqa: E402
 from dlc.config.load import load_recipe  # noqa: E402
 from dlc.data.corpus import load_corpus, split_corpus
 from dlc.data.plan import DataPlan  # noqa: E402
-from dlc.engine.local import InProcessRun  # noqa: E402
 
 STEP_S = 0.1  # the twin's step time: only ratios to it matter (grace window, heartbeats)
 

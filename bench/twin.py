@@ -1,6 +1,6 @@
 """Training to a token budget on the in-process twin, and data-parallel's reference, for quality benches.
 
-`train_twin` plays M learners and the syncer of `dlc.engine.local.InProcessRun` (one process, no
+`train_twin` plays M learners and the syncer of `dlc.algo.local.InProcessRun` (one process, no
 Ray, deterministic) until the learners together have trained the budget, flushes every learner's
 last progress into the syncer, and evaluates the global model. `train_dp` is data-parallel with the
 same global batch and as many steps: one learner stepping the M learners' summed batch (the mean
@@ -63,10 +63,10 @@ def train_twin(
 ) -> dict[str, Any]:
     """The recipe's algorithm on the twin, each learner at its pace (step times relative to each other,
     default all 1) from its start (in the same unit, default 0), until the budget is trained."""
+    from dlc.algo.local import InProcessRun
     from dlc.config.load import load_recipe
     from dlc.data.corpus import load_corpus, split_corpus
     from dlc.data.plan import DataPlan
-    from dlc.engine.local import InProcessRun
 
     t0 = time.monotonic()
     recipe = load_recipe(recipe_path, list(overrides))

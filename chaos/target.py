@@ -4,7 +4,7 @@ The controller only knows `Target`. `RunDirTarget` is the one a separate `dlc ch
 reads `status.json` and asks the driver for every fault by appending to `control.jsonl`, which the
 driver tails (every 0.2 s). A process id means something only on its own machine, so kills and stalls
 too are requests: the driver has the agent on the learner's node send the signal there
-(`dlc.engine.agent`, which uses `ProcessSignals`), and a plan works the same on one machine and many.
+(`dlc.engine.supervision.agent`, which uses `ProcessSignals`), and a plan works the same on one machine and many.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dlc.core.compile_cache import prepare_compilation_cache
 from dlc.data.plan import ensure_prepared, plan_data, resolve_data
 from dlc.engine.driver import Driver, Outcome
 from dlc.engine.interrupts import Interrupts
-from dlc.engine.journal import check_journal
+from dlc.engine.syncer.journal import check_journal
 from dlc.observe.console import ProgressView
 from dlc.observe.trackers import check_trackers, default_trackers
 from dlc.plan.memory import check_fits, fragment_plan

@@ -76,7 +76,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path
     journaled rounds after it (written by the real syncer worker), and a checkpoint per learner."""
     from dlc.algo.decoupled.messages import Push
     from dlc.core.codec import get_codec
-    from dlc.engine.syncer_actor import SyncerWorker
+    from dlc.engine.syncer.actor import SyncerWorker
     from dlc.run.checkpoint import Checkpointer
     from tests.fakes import Direct
 
@@ -542,7 +542,7 @@ def test_a_resume_refused_while_the_engine_starts_writes_nothing(run_copy, corpu
 
 
 def test_a_journal_cut_anywhere_in_its_last_record_keeps_every_record_before_it(finished_run, tmp_path):
-    from dlc.engine.journal import read_records
+    from dlc.engine.syncer.journal import read_records
 
     whole = journal_records(finished_run)
     path = tmp_path / "journal.pkl"
@@ -558,7 +558,7 @@ def test_a_journal_cut_anywhere_in_its_last_record_keeps_every_record_before_it(
 def test_a_syncer_restarted_after_a_death_mid_write_appends_after_whole_records(finished_run, tmp_path):
     """The cut-short record is dropped from the file, not only skipped: a second restart must not
     find it in the middle, with the rounds closed since behind it."""
-    from dlc.engine.journal import Journal, read_records
+    from dlc.engine.syncer.journal import Journal, read_records
 
     whole = journal_records(finished_run)
     path = tmp_path / "syncer-journal.pkl"
@@ -574,7 +574,7 @@ def test_a_syncer_restarted_after_a_death_mid_write_appends_after_whole_records(
 
 def test_the_restarted_syncer_refuses_a_record_that_does_not_fit(finished_run, tmp_path):
     """The syncer's own check, for a journal damaged after the driver looked."""
-    from dlc.engine.syncer_actor import SyncerWorker
+    from dlc.engine.syncer.actor import SyncerWorker
 
     run = Path(shutil.copytree(finished_run, tmp_path / "run"))
     rewrite_record(run, fragment=99)

@@ -15,11 +15,11 @@ from typing import Any
 from dlc.config.budget import Budget
 from dlc.config.schema import Recipe
 from dlc.data.plan import DataPlan
-from dlc.engine.control import start_chaos
-from dlc.engine.evaluations import Evaluations
 from dlc.engine.interrupts import Interrupts, exit_code_of
 from dlc.engine.metrics import RayMetricsTracker
-from dlc.engine.syncer_reports import SyncerReports
+from dlc.engine.supervision.control import start_chaos
+from dlc.engine.syncer.evaluations import Evaluations
+from dlc.engine.syncer.reports import SyncerReports
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
 from dlc.run.files import GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json
@@ -162,7 +162,7 @@ class Driver:
         import ray
 
         from dlc.engine.processes import Processes, storage_usable
-        from dlc.engine.supervisor import Supervisor
+        from dlc.engine.supervision.supervisor import Supervisor
 
         recipe, rundir = self.recipe, self.rundir
         driver_node = self.cluster_info.get("driver_node") or ray.get_runtime_context().get_node_id()

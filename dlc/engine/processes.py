@@ -15,11 +15,11 @@ import ray
 
 from dlc.config.schema import Recipe
 from dlc.engine import devices
-from dlc.engine.agent import Agents
-from dlc.engine.evaluator_actor import EvaluatorActor
-from dlc.engine.learner_actor import LearnerActor
+from dlc.engine.learner.actor import LearnerActor
 from dlc.engine.placement import Placement
-from dlc.engine.syncer_actor import SyncerActor
+from dlc.engine.supervision.agent import Agents
+from dlc.engine.syncer.actor import SyncerActor
+from dlc.engine.syncer.evaluator import EvaluatorActor
 from dlc.errors import UserError
 from dlc.run.rundir import RunDir
 

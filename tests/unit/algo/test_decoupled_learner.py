@@ -6,11 +6,11 @@ import pytest
 
 from dlc.algo.decoupled.learner import SentRecord
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment
+from dlc.algo.local import InProcessRun
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.data.corpus import load_corpus, split_corpus
 from dlc.data.plan import DataPlan
-from dlc.engine.local import InProcessRun
 from tests.fakes import Direct
 from tests.helpers import twin_recipe
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from dlc.algo.decoupled.schedule import Schedule
+from dlc.algo.local import InProcessRun
 from dlc.data.corpus import load_corpus, split_corpus
 from dlc.data.plan import DataPlan
-from dlc.engine.local import InProcessRun
 from tests.helpers import twin_recipe
 
 LEARNERS = 4

@@ -130,7 +130,7 @@ def test_run_dir_target_asks_the_driver_for_every_fault(tmp_path: Path):
 def test_node_agent_signals_processes_of_its_node(spawn, stray_pids):
     # What the agent on a learner's node does for the driver: SIGKILL (several at once for a lost
     # node), SIGSTOP with the SIGCONT timer started on its node, and a gone process reported, not raised.
-    from dlc.engine.agent import NodeAgentWorker
+    from dlc.engine.supervision.agent import NodeAgentWorker
 
     a, b, c = spawn(["sleep", "30"]), spawn(["sleep", "30"]), spawn(["sleep", "30"])
     agent = NodeAgentWorker()
@@ -241,7 +241,7 @@ def test_a_preemption_sigterms_and_sigkills_only_a_victim_still_there_at_the_end
 
 
 def test_node_agent_preempts_and_run_dir_target_asks_for_it(tmp_path: Path, spawn, stray_pids):
-    from dlc.engine.agent import NodeAgentWorker
+    from dlc.engine.supervision.agent import NodeAgentWorker
 
     victim = spawn(["sleep", "30"])
     assert NodeAgentWorker().preempt(victim.pid, 5.0) is None

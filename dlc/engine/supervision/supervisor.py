@@ -2,11 +2,11 @@
 
 Every tick polls each learner without waiting: Ray notices a killed process (the actor's next call
 fails) but never a frozen one, so a learner that has not answered a poll for `heartbeat_timeout_s`
-is shown `stalled` until it answers again. A death starts a recovery (`dlc.engine.recovery`); chaos's
-requests of control.jsonl are carried out first (`dlc.engine.control`). The time of each learner is
+is shown `stalled` until it answers again. A death starts a recovery (`dlc.engine.supervision.recovery`); chaos's
+requests of control.jsonl are carried out first (`dlc.engine.supervision.control`). The time of each learner is
 filed in the goodput ledger under its state: training, waiting, checkpointing, restarting, ...
 
-With `learners.spares: N`, N hot spares (`dlc.engine.spares`) wait beside the learners: a dead
+With `learners.spares: N`, N hot spares (`dlc.engine.supervision.spares`) wait beside the learners: a dead
 learner's slot is taken over by a ready spare, which skips the process start and the compilation.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 import ray
 
 from dlc.config.schema import Recipe
-from dlc.engine.agent import Agents, Signals
-from dlc.engine.chaos_log import ChaosLog
 from dlc.engine.cluster import draining_nodes
-from dlc.engine.control import carry_out
-from dlc.engine.recovery import Recoveries
-from dlc.engine.slots import LearnerSlot, Recovery
-from dlc.engine.spares import SparePool
+from dlc.engine.supervision.agent import Agents, Signals
+from dlc.engine.supervision.chaos_log import ChaosLog
+from dlc.engine.supervision.control import carry_out
+from dlc.engine.supervision.recovery import Recoveries
+from dlc.engine.supervision.slots import LearnerSlot, Recovery
+from dlc.engine.supervision.spares import SparePool
 from dlc.observe.goodput import STATE_BUCKET, Ledger
 from dlc.run.rundir import RunDir
 

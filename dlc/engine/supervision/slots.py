@@ -1,6 +1,6 @@
 """A learner's place in the run, as the supervisor keeps it: its actor, snapshot and any recovery.
 
-The recovery is the one under way when its process died; `dlc.engine.recovery` brings it back.
+The recovery is the one under way when its process died; `dlc.engine.supervision.recovery` brings it back.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A learner: a new process (or a hot spare), a copy of a peer's state, a rejoin. T
 process from its checkpoint and journal, to which learners re-send.
 
 Ray notices a killed process (the actor's next call fails). The dead learner is replaced by a new
-actor of the same index, or by a ready hot spare (`dlc.engine.spares`), which copies parameters,
+actor of the same index, or by a ready hot spare (`dlc.engine.supervision.spares`), which copies parameters,
 AdamW state, step and data position from a healthy peer (the peer keeps training; it copies its
 state at a step boundary), or starts from the syncer's global fragments when no peer is healthy,
 and then rejoins the syncer as a new incarnation. A learner that no live node can hold is retired
@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from dlc.engine.chaos_log import ChaosLog
-from dlc.engine.slots import LearnerSlot, Recovery
-from dlc.engine.spares import SparePool
+from dlc.engine.supervision.chaos_log import ChaosLog
+from dlc.engine.supervision.slots import LearnerSlot, Recovery
+from dlc.engine.supervision.spares import SparePool
 from dlc.errors import UserError
 from dlc.observe.goodput import Ledger
 from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
 
 if TYPE_CHECKING:
-    from dlc.engine.syncer_reports import SyncerReports
+    from dlc.engine.syncer.reports import SyncerReports
 
 MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
 

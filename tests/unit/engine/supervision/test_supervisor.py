@@ -9,11 +9,11 @@ import pytest
 from ray import exceptions as ray_exceptions
 
 from dlc.config.load import load_recipe
-from dlc.engine import recovery
-from dlc.engine import supervisor as supervisor_module
-from dlc.engine.slots import LearnerSlot
-from dlc.engine.supervisor import Supervisor
-from dlc.engine.syncer_reports import SyncerReports
+from dlc.engine.supervision import recovery
+from dlc.engine.supervision import supervisor as supervisor_module
+from dlc.engine.supervision.slots import LearnerSlot
+from dlc.engine.supervision.supervisor import Supervisor
+from dlc.engine.syncer.reports import SyncerReports
 from dlc.run.rundir import RunDir
 from tests.helpers import TINY
 

@@ -22,7 +22,7 @@ import ray
 from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap
 from dlc.engine.cluster import node_info
-from dlc.engine.journal import Journal, damaged
+from dlc.engine.syncer.journal import Journal, damaged
 from dlc.errors import UserError
 from dlc.net.channel import Beat, Hub
 from dlc.run.checkpoint import Checkpointer

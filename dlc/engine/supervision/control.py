@@ -3,9 +3,9 @@
 `dlc chaos` (in-process or from another terminal) appends injections to chaos.jsonl and requests
 (kill, stall, preempt, kill_node, kill_syncer, slow, join, leave, links) to control.jsonl. Each supervisor
 tick carries the new requests out (`carry_out`: signals through the agent on the target's node,
-`dlc.engine.agent`; calls of the learners and the syncer for the rest), and the supervisor records
+`dlc.engine.supervision.agent`; calls of the learners and the syncer for the rest), and the supervisor records
 each fault's observed outcome (detected, restarted, recovered, ...) back in chaos.jsonl
-(`dlc.engine.chaos_log`).
+(`dlc.engine.supervision.chaos_log`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from dlc.engine.agent import Signals
+from dlc.engine.supervision.agent import Signals
 from dlc.run.rundir import RunDir
 
 

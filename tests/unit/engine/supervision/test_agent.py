@@ -8,9 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from dlc.engine.agent import Signals
-from dlc.engine.chaos_log import ChaosLog
-from dlc.engine.control import carry_out
+from dlc.engine.supervision.agent import Signals
+from dlc.engine.supervision.chaos_log import ChaosLog
+from dlc.engine.supervision.control import carry_out
 
 
 class FakeAgents:

@@ -13,9 +13,9 @@ import pytest
 from dlc.algo.decoupled.messages import Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
-from dlc.engine.supervisor import Supervisor
-from dlc.engine.syncer_actor import SyncerWorker
-from dlc.engine.syncer_reports import Accepted, SyncerReports, lost_pushes
+from dlc.engine.supervision.supervisor import Supervisor
+from dlc.engine.syncer.actor import SyncerWorker
+from dlc.engine.syncer.reports import Accepted, SyncerReports, lost_pushes
 from dlc.observe.reader import voided
 from dlc.run.rundir import RunDir
 from tests.fakes import Direct

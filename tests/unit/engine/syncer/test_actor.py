@@ -10,7 +10,7 @@ import numpy as np
 from dlc.algo.decoupled.messages import Push
 from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
-from dlc.engine.syncer_actor import SyncerWorker
+from dlc.engine.syncer.actor import SyncerWorker
 from tests.fakes import Direct
 from tests.helpers import TINY, marked_storage
 
@@ -193,7 +193,7 @@ def test_a_push_refused_as_the_syncer_dies_stays_refused(tmp_path):
 
 
 def test_a_resume_from_an_older_state_logs_the_rounds_it_makes_again():
-    from dlc.engine.syncer_reports import rounds_kept
+    from dlc.engine.syncer.reports import rounds_kept
 
     # events.jsonl holds fragment 0 up to version 5 and fragment 1 up to 2; the syncer restored
     # from a checkpoint at versions [3, 2] (its journal moved aside): 0's versions 4 and 5 come again.

@@ -6,9 +6,9 @@ driver, state copies for a rejoining peer) are served while it trains. The drive
 actors with timeouts, because a frozen (SIGSTOPped) process never answers. A hot spare (index None)
 starts up, then idles, holding no data, until `take_slot` makes it a learner.
 
-Beside it: its start-up phases (`learner_startup`), its uplink to the syncer (`uplinks`), what it
-queues for the driver's polls (`learner_reports`), its checkpoints (`learner_checkpoints`), the copies
-of its state for and from a peer (`state_copy`), and its measured and chaos-slowed pace (`learner_pace`).
+Beside it: its start-up phases (`startup`), its uplink to the syncer (`uplinks`), what it
+queues for the driver's polls (`reports`), its checkpoints (`checkpoints`), the copies
+of its state for and from a peer (`state_copy`), and its measured and chaos-slowed pace (`pace`).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap, release_freed_memory
 from dlc.core.profiler import StepProfiler
 from dlc.engine.cluster import node_info
-from dlc.engine.learner_checkpoints import LearnerCheckpoints
-from dlc.engine.learner_pace import Slowdown, Throughput
-from dlc.engine.learner_reports import Reports
-from dlc.engine.learner_startup import Startup
-from dlc.engine.state_copy import StateCopy
-from dlc.engine.uplinks import uplink_for
+from dlc.engine.learner.checkpoints import LearnerCheckpoints
+from dlc.engine.learner.pace import Slowdown, Throughput
+from dlc.engine.learner.reports import Reports
+from dlc.engine.learner.startup import Startup
+from dlc.engine.learner.state_copy import StateCopy
+from dlc.engine.learner.uplinks import uplink_for
 from dlc.errors import UserError
 from dlc.run.files import PROFILE_DIR
 from dlc.run.storage import RunStorage, describe, local_dir_of
@@ -56,7 +56,7 @@ class LearnerWorker:
         requested_at: float | None = None,
     ) -> None:
         constructed = time.time()
-        freeze_heap(collect=False)  # what the imports made; the rest once compiled (`learner_startup`)
+        freeze_heap(collect=False)  # what the imports made; the rest once compiled (`startup`)
         self.recipe = Recipe.model_validate(recipe_json)
         self.index = index
         self.incarnation = incarnation
@@ -370,7 +370,7 @@ class LearnerWorker:
             raise UserError(self.storage_error)
         return os.getpid()
 
-    # -- state copies, for a rejoining peer and from one (`dlc.engine.state_copy`) ----------------
+    # -- state copies, for a rejoining peer and from one (`dlc.engine.learner.state_copy`) ----------------
 
     def export_state(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Host copies of params, AdamW state, anchors, versions, step and data position, for a peer;

@@ -17,7 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from chaos.target import ProcessSignals, TargetError
-from dlc.engine.chaos_log import ChaosLog
+from dlc.engine.supervision.chaos_log import ChaosLog
 from dlc.run.rundir import RunDir
 
 

@@ -18,9 +18,9 @@ from dlc.config.load import load_recipe
 from dlc.core.codec import get_codec
 from dlc.data.plan import open_stream
 from dlc.data.tokens import StreamSpec
-from dlc.engine import uplinks
-from dlc.engine.learner_actor import LearnerWorker
-from dlc.engine.syncer_actor import SyncerWorker
+from dlc.engine.learner import uplinks
+from dlc.engine.learner.actor import LearnerWorker
+from dlc.engine.syncer.actor import SyncerWorker
 from tests.fakes import Direct
 from tests.helpers import TINY, marked_storage
 

@@ -1,0 +1,1 @@
+"""The syncer's process and its evaluator: the actor, its journal, its reports to the driver, evaluations."""

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import signal
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import IO, Any, Literal
 import numpy as np
 
 from dlc import __version__
+from dlc.data.encoding import Encoded, encode, encode_in_worker, start_worker
 from dlc.data.manifest import (
     MANIFEST_FILE,
     TOKENIZER_FILE,
@@ -297,7 +297,7 @@ class _Run:
         reading = Reading()
         text_bytes = 0
 
-        def take(batch: _Batch, result: _Encoded) -> None:
+        def take(batch: _Batch, result: Encoded) -> None:
             nonlocal text_bytes
             token_held_out = np.repeat(batch.held_out, result.lengths)
             for name, mask, docs in (
@@ -317,7 +317,7 @@ class _Run:
         try:
             if workers == 1:
                 for batch in self._batches(reading):
-                    take(batch, _encode(tok, batch.texts, dtype))
+                    take(batch, encode(tok, batch.texts, dtype))
             else:
                 self._tokenize_in_pool(tok, dtype, workers, reading, take)
         finally:
@@ -363,7 +363,7 @@ class _Run:
         dtype: np.dtype,
         workers: int,
         reading: Reading,
-        take: Callable[[_Batch, _Encoded], None],
+        take: Callable[[_Batch, Encoded], None],
     ) -> None:
         """Batches out to `workers` spawned processes, at most two each in flight, results taken in order."""
         import multiprocessing
@@ -373,13 +373,13 @@ class _Run:
         pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker,
+            initializer=start_worker,
             initargs=(tok.to_json(), tok.spec, tok.eos_token),
         )
-        pending: deque[tuple[_Batch, Future[_Encoded]]] = deque()
+        pending: deque[tuple[_Batch, Future[Encoded]]] = deque()
         try:
             for batch in self._batches(reading):
-                pending.append((batch, pool.submit(_encode_in_worker, batch.texts, dtype.str)))
+                pending.append((batch, pool.submit(encode_in_worker, batch.texts, dtype.str)))
                 batch.texts = []  # the worker has them; hold no text here
                 if len(pending) >= 2 * workers:
                     done, future = pending.popleft()
@@ -404,47 +404,6 @@ class _Run:
                 f"--eval-fraction {self.eval_fraction} and --seed {self.seed} {which}: add documents (a text file "
                 "is one document, a JSONL line or a Parquet row is one), or change --eval-fraction or --seed"
             )
-
-
-# -- tokenizing a batch ----------------------------------------------------------------------------
-
-
-@dataclass
-class _Encoded:
-    tokens: np.ndarray  # every document's tokens, each followed by the end-of-document token
-    lengths: np.ndarray  # tokens per document, its end-of-document token included
-    text_bytes: np.ndarray  # UTF-8 bytes per document
-
-
-def _encode(tok: Tokenizer, texts: list[str], dtype: np.dtype) -> _Encoded:
-    ids = tok.encode_batch(texts)
-    lengths = np.fromiter((len(i) + 1 for i in ids), dtype=np.int64, count=len(ids))
-    tokens = np.empty(int(lengths.sum()), dtype=dtype)
-    ends = np.cumsum(lengths)
-    for end, length, doc in zip(ends, lengths, ids, strict=True):
-        tokens[end - length : end - 1] = doc
-    tokens[ends - 1] = tok.eos_id
-    if tok.spec == "bytes":
-        sizes = lengths - 1  # a token per byte
-    else:
-        sizes = np.fromiter(
-            (len(t) if t.isascii() else len(t.encode("utf-8")) for t in texts), dtype=np.int64, count=len(texts)
-        )
-    return _Encoded(tokens, lengths, sizes)
-
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _start_worker(tokenizer_json: str, spec: str, eos_token: str) -> None:
-    global _worker_tokenizer
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops the pool
-    _worker_tokenizer = Tokenizer.from_json(tokenizer_json, spec, eos_token)
-
-
-def _encode_in_worker(texts: list[str], dtype: str) -> _Encoded:
-    assert _worker_tokenizer is not None, "the pool's initializer loads the tokenizer"
-    return _encode(_worker_tokenizer, texts, np.dtype(dtype))
 
 
 # -- shards ----------------------------------------------------------------------------------------

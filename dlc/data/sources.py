@@ -19,23 +19,19 @@ import hashlib
 import json
 import os
 import re
-import socket
 import sysconfig
-import threading
-import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from dlc.data import hub
 from dlc.data.manifest import SourceKind
 from dlc.errors import UserError
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz")
 DATA_EXTRA = "pip install 'dlc[data]'"
-HUB_TIMEOUT_S = 5.0
 _READ_CHUNK = 1 << 20
 _REPLACEMENT = b"\xef\xbf\xbd"  # U+FFFD in UTF-8: already in the input, so not counted as replaced
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -415,9 +411,9 @@ def _hub(arg: str, field: str) -> DatasetSource:
         f"split={split!r}).save_to_disk('DIR')\"), bring DIR here and pass DIR as the source"
     )
     datasets = _datasets()
-    offline = _hub_offline()
-    if not offline and not _hub_reachable():
-        raise UserError(f"source {arg!r}: the Hugging Face hub ({_hub_host()}) cannot be reached from here: {how}")
+    offline = hub.offline()
+    if not offline and not hub.reachable():
+        raise UserError(f"source {arg!r}: the Hugging Face hub ({hub.host()}) cannot be reached from here: {how}")
     try:
         loaded = datasets.load_dataset(name, split=split)
     except (ConnectionError, FileNotFoundError, ValueError, OSError) as exc:
@@ -428,39 +424,3 @@ def _hub(arg: str, field: str) -> DatasetSource:
             ) from None
         raise UserError(f"source {arg!r} cannot be loaded ({exc}): check the dataset's name and split") from None
     return DatasetSource(f"hf:{name}:{split}", "hf_hub", loaded, field, None)
-
-
-def _hub_offline() -> bool:
-    truthy = {"1", "on", "yes", "true"}
-    return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def _hub_address() -> tuple[str, int]:
-    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    return url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
-
-
-def _hub_host() -> str:
-    return _hub_address()[0]
-
-
-def _hub_reachable() -> bool:
-    """Whether a TCP connection to the hub opens within HUB_TIMEOUT_S (name lookup included).
-
-    Behind a proxy the check cannot tell, and says yes: the Hugging Face client's own timeouts apply.
-    """
-    if urllib.request.getproxies().get("https"):
-        return True
-    outcome: list[bool] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection(_hub_address(), timeout=HUB_TIMEOUT_S).close()
-            outcome.append(True)
-        except OSError:
-            outcome.append(False)
-
-    thread = threading.Thread(target=connect, daemon=True)  # a name lookup ignores the socket's timeout
-    thread.start()
-    thread.join(HUB_TIMEOUT_S)
-    return bool(outcome and outcome[0])

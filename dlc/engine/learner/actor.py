@@ -32,6 +32,7 @@ from dlc.core.allocator import freeze_heap, release_freed_memory
 from dlc.core.profiler import StepProfiler
 from dlc.engine.cluster import node_info
 from dlc.engine.learner.checkpoints import LearnerCheckpoints
+from dlc.engine.learner.notice import Preemptible
 from dlc.engine.learner.pace import Slowdown, Throughput
 from dlc.engine.learner.reports import Reports
 from dlc.engine.learner.startup import Startup
@@ -42,7 +43,7 @@ from dlc.run.files import PROFILE_DIR
 from dlc.run.storage import RunStorage, describe, local_dir_of
 
 
-class LearnerWorker:
+class LearnerWorker(Preemptible):
     """Lives in a learner actor: one Learner, its sync protocol, its loop thread."""
 
     def __init__(
@@ -431,59 +432,6 @@ class LearnerWorker:
         self.reports.add([*pushed, {"kind": "final_push", "learner": self.index, "fragments": len(pushed)}])
         self.save()
         return len(pushed)
-
-    # -- preemption notices --------------------------------------------------------------------
-
-    def give_notice(self, reason: str, deadline: float | None = None) -> bool:
-        """A preemption notice: this process goes away at wall time `deadline` (None: unknown). The loop
-        stops at its next step boundary and the learner leaves (`_leave`; one that finished its steps leaves
-        at once). False if it has not started training, or already has a notice."""
-        with self._ending:
-            if self._thread is None or self.notice is not None or self.state in ("failed", "stopped"):
-                return False
-            self.notice = {"reason": reason, "at": round(time.time(), 3), "deadline": deadline}
-            self._stop.set()
-            finished = self.state == "finished"
-        if finished:  # its loop has ended: nothing else will hand its progress over
-            threading.Thread(target=self._leave_finished, name="leaving", daemon=True).start()
-        return True
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """SIGTERM is a preemption notice to a training learner; anything else (a spare, a learner still
-        starting, a second SIGTERM) ends as Ray ends a worker."""
-        if self.give_notice("SIGTERM"):
-            return
-        if self.notice is None and callable(self._default_sigterm):
-            self._default_sigterm(signum, frame)
-        elif self.notice is None:
-            os._exit(128 + signum)
-
-    def _leave(self) -> None:
-        """Preempted: push every fragment moved since its last push, checkpoint (with its data position),
-        tell the driver (state `preempted`, which starts a replacement elsewhere), and end the process."""
-        notice = self.notice or {}
-        self.state = "leaving"
-        deadline = notice.get("deadline")
-        budget = 120.0 if deadline is None else max(deadline - time.time() - 1.0, 1.0)
-        pushed = self._hand_over(timeout_s=budget)
-        # What the driver's learner_preempted event reports, read from the snapshot with the state (a new
-        # dict: a poll may be reading the old one).
-        self.notice = {**notice, "fragments": pushed, "leave_s": round(time.time() - notice.get("at", time.time()), 3)}
-        self.state = "preempted"
-        threading.Thread(target=self._exit_once_reported, name="leaving", daemon=True).start()
-
-    def _leave_finished(self) -> None:
-        try:
-            self._leave()
-        except Exception:  # reported to the driver, which fails the run with this text
-            self._fail(traceback.format_exc())
-
-    def _exit_once_reported(self) -> None:
-        """The driver kills a preempted learner once a poll has told it; without a driver (its node is going
-        too), the process ends by itself."""
-        self._reported.wait(timeout=10.0)
-        time.sleep(1.0)  # the poll's answer is on its way
-        os._exit(0)
 
 
 def _in_actor() -> bool:

@@ -227,3 +227,52 @@ def test_a_fault_with_a_mechanism_of_its_own_is_one_spec(tmp_path):
         {"chaos/faults.py": lambda text: insert(text, "    def __new__(cls, spec: Spec)", member + "\n", before=True)},
     )
     assert run_in(copy, FAULT_CHECK).startswith("ok")
+
+
+OUTER_CHECK = """
+from pathlib import Path
+import numpy as np
+import dlc
+assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
+from dlc.algo.outer import make_outer
+from dlc.config.load import load_recipe
+
+recipe = load_recipe("recipes/tiny.yaml", ["syncer.outer.kind=heavy_ball", "syncer.outer.momentum=0.5"])
+step = make_outer(recipe.syncer.outer, 2)
+theta = step.step(np.array([1.0, 1.0]), np.array([0.1, -0.2]))  # buf = g
+theta = step.step(theta, np.array([0.2, 0.0]))  # buf = 0.5 * buf + g
+np.testing.assert_allclose(theta, [1.0 - 0.1 - 0.25, 1.0 + 0.2 - (-0.1)], rtol=1e-6)
+again = make_outer(recipe.syncer.outer, 2)
+again.load(step.state())  # as a journal or a checkpoint hands it back
+np.testing.assert_array_equal(again.step(theta, np.zeros(2)), step.step(theta, np.zeros(2)))
+try:
+    load_recipe("recipes/tiny.yaml", ["syncer.outer.kind=heavy_ball", "syncer.outer.delay_rounds=2"])
+    raise AssertionError("a key the section does not declare was accepted")
+except Exception as exc:
+    assert "delay_rounds" in str(exc), exc
+print("ok")
+"""
+
+
+def test_an_outer_step_is_a_section_and_a_class(tmp_path):
+    section, kinds, union, imported, step, registered = section_code("An outer step (`syncer.outer.kind`)")
+    union_line = '    Annotated[NesterovOuter, Tag("nesterov")] | Annotated[DelayedNesterovOuter'
+    copy = apply_example(
+        tmp_path,
+        {},
+        {
+            "dlc/config/outer.py": lambda text: replace_line(
+                replace_line(insert(text, "def _kind_of(", section + "\n\n", before=True), "OUTER_KINDS", kinds),
+                union_line,
+                union,
+            ),
+            "dlc/algo/outer.py": lambda text: insert(
+                insert(
+                    replace_line(text, "from dlc.config.outer import", imported), "# Each kind of", step + "\n\n", True
+                ),
+                '    "delayed_nesterov": DelayedNesterov,',
+                registered,
+            ),
+        },
+    )
+    assert run_in(copy, OUTER_CHECK).startswith("ok")

@@ -12,6 +12,7 @@ Adding a kind: a settings section in `dlc.config.outer`, a class here with `step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -108,12 +109,20 @@ class DelayedNesterov:
         self.rounds = int(np.asarray(state["rounds"]).reshape(-1)[0])
 
 
-OUTER_STEPS: dict[str, type[Nesterov] | type[DelayedNesterov]] = {
+# Each kind of `syncer.outer.kind`: (its settings section, a fragment's size) -> its outer step.
+OUTER_STEPS: dict[str, Callable[[Any, int], OuterStep]] = {
     "nesterov": Nesterov,
     "delayed_nesterov": DelayedNesterov,
 }
 
 
-def make_outer(cfg: NesterovOuter | DelayedNesterovOuter, size: int) -> OuterStep:
+class _Kind(Protocol):
+    """A settings section of `dlc.config.outer`: its kind names its step."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+def make_outer(cfg: _Kind, size: int) -> OuterStep:
     """The outer step the recipe names, for a fragment of `size` values, with fresh state."""
-    return OUTER_STEPS[cfg.kind](cfg, size)  # type: ignore[arg-type]
+    return OUTER_STEPS[cfg.kind](cfg, size)

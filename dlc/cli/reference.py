@@ -125,10 +125,12 @@ def generators() -> dict[str, Callable[[], str]]:
     """Each generated page's path under docs/, and the function that writes its text."""
     from chaos.plan import reference_markdown as plan_reference
     from dlc.config.reference import reference_markdown as recipe_reference
+    from dlc.run.events import catalog_markdown
 
     return {
         "reference/recipe.md": recipe_reference,
         "reference/chaos-plans.md": plan_reference,
+        "reference/events.md": catalog_markdown,
         "reference/cli.md": cli_markdown,
         "internals/modules.md": modules_markdown,
     }

@@ -33,6 +33,7 @@ import yaml
 from dlc.config.load import dump_recipe
 from dlc.config.schema import Recipe
 from dlc.errors import UserError
+from dlc.run import events
 from dlc.run.files import (
     CHAOS_FILE,
     CHECKPOINT_DIR,
@@ -283,6 +284,9 @@ class RunDir:
                 (observer.event if name == EVENTS_FILE else observer.metric)(record)
 
     def event(self, kind: str, **fields: Any) -> None:
+        """Append one event of `kind` (declared in `dlc.run.events`) to events.jsonl and tell the observer."""
+        if events.checking() and (wrong := events.undeclared({"kind": kind, **fields})) is not None:
+            raise ValueError(wrong)
         record = self._write(EVENTS_FILE, {"kind": kind, **fields})
         if self.observer is not None:
             self.observer.event(record)

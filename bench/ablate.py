@@ -49,7 +49,9 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
     return label, overrides
 
 
-def train_one(recipe_path: str, overrides: list[str], paces: list[float], tokens: int, dp: bool) -> dict[str, Any]:
+def train_one(
+    recipe_path: str, overrides: list[str], paces: list[float] | None, tokens: int, dp: bool
+) -> dict[str, Any]:
     """One training of the twin (or, with `dp`, of data-parallel with the summed batch); its results."""
     from twin import train_dp, train_twin
 
@@ -69,15 +71,15 @@ def main() -> None:
     ap.add_argument("--no-dp", action="store_true", help="skip the data-parallel reference")
     args = ap.parse_args()
 
-    from dlc.config.load import load_recipe, replaced_overrides
+    from dlc.config.load import replaced_overrides
 
     base = list(args.set)
-    count = load_recipe(args.recipe, base).learners.count
     if args.batches:
         batches = [int(b) for b in args.batches.split(",")]
         entries = ",".join(f"{{index: {i}, batch_size: {b}}}" for i, b in enumerate(batches))
         base.append(f"learners.overrides=[{entries}]")
-    paces = [float(p) for p in args.paces.split(",")] if args.paces else [1.0] * count
+    # Without --paces every learner of each setting steps at one pace, whatever count the setting gives.
+    paces = [float(p) for p in args.paces.split(",")] if args.paces else None
     seeds = [int(s) for s in args.seeds.split(",")]
     settings = [parse_setting(s) for s in args.settings]
     jobs: dict[tuple[str, int], Any] = {}
@@ -101,7 +103,7 @@ def main() -> None:
 
     reference = statistics.fmean(losses(settings[0][0]))
     dp = statistics.fmean(losses(DP)) if not args.no_dp else None
-    print(f"\n{args.tokens:,} tokens; seeds {args.seeds}; paces {paces}; overrides {base}\n")
+    print(f"\n{args.tokens:,} tokens; seeds {args.seeds}; paces {paces or 'all equal'}; overrides {base}\n")
     columns = ["eval loss per seed", "mean", "vs first", "vs data-parallel", "mean merge weight / token share"]
     print(f"| setting | {' | '.join(columns)} | discarded steps | stale pushes |")
     print("|---|---|---|---|---|---|---|---|")
@@ -110,7 +112,10 @@ def main() -> None:
     for label, _ in settings:
         mean = statistics.fmean(losses(label))
         runs = [results[label, s] for s in seeds]
-        fair = [statistics.fmean(r["mean_weight"][i] / r["token_share"][i] for r in runs) for i in range(count)]
+        fair = [
+            statistics.fmean(r["mean_weight"][i] / r["token_share"][i] for r in runs)
+            for i in range(len(runs[0]["mean_weight"]))
+        ]
         discarded = statistics.fmean(r["discarded"] for r in runs)
         stale = statistics.fmean(r["stale"] for r in runs)
         vs_dp = f"{(mean / dp - 1) * 100:+.1f}%" if dp is not None else ""

@@ -36,7 +36,7 @@ class HFLayout:
     # Hugging Face's biases that dlc's blocks lack: written as zeros the size of the named kernel's
     # output, and refused unless zero when read back.
     zero_biases: dict[str, str]
-    config: Callable[[ModelConfig, int | None], dict[str, Any]]  # config.json, given the stop token
+    config: Callable[[ModelConfig, int | None], dict[str, Any]]  # config.json but "architectures" (export adds it)
 
 
 @dataclass(frozen=True)

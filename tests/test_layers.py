@@ -4,6 +4,7 @@ and only the engine imports Ray."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,3 +146,13 @@ def test_no_modules_import_each_other_round_a_circle():
     # Between packages the layers forbid it; inside a package this finds it.
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles(module_graph()) == []
+
+
+def test_the_layout_page_lists_the_layers_in_this_order():
+    """docs/internals/layout.md's package table and its import rule say the order LAYERS enforces."""
+    page = (REPO / "docs" / "internals" / "layout.md").read_text()
+    short = [name.removeprefix("dlc.") for name in LAYERS]
+    rule = page[page.index("in this order:") : page.index("Only `engine` imports Ray")]
+    assert re.findall(r"`([a-z_]+)`", rule) == short
+    table = re.findall(r"^\| `(dlc/[a-z_]+|chaos)/?(?:\.py)?` \|", page, re.MULTILINE)
+    assert [name.removeprefix("dlc/") for name in table] == short

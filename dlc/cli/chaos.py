@@ -24,23 +24,23 @@ if TYPE_CHECKING:
     from chaos.controller import Report
 
 # The fault kinds' options, each overriding a plan key (`chaos.faults`: the specs say which).
-FAULT_OPTIONS = {s.option: s for kind in FaultKind for _, s in kind.settings() if s.option}
+FAULT_OPTIONS = {s.option: (slot, s) for kind in FaultKind for slot, s in kind.settings() if s.option}
 # Command-line option -> the plan key it overrides.
-OPTION_KEYS = {option: s.key for option, s in FAULT_OPTIONS.items()} | {
+OPTION_KEYS = {option: s.key for option, (_, s) in FAULT_OPTIONS.items()} | {
     "--seed": "seed",
     "--duration": "duration_s",
     "--warmup": "warmup_s",
 }
 
 
-def _parameter(option: str, setting: Setting) -> inspect.Parameter:
-    rate = option.endswith("-rate")
-    help = setting.help if rate else f"{setting.help} (default: the plan's, else {setting.default:g})"
+def _parameter(option: str, slot: str, setting: Setting) -> inspect.Parameter:
+    """A rate's option says what it counts; the others say their default too."""
+    text = setting.help if slot == "rate" else f"{setting.help} (default: the plan's, else {setting.default:g})"
     return inspect.Parameter(
         option.removeprefix("--").replace("-", "_"),
         inspect.Parameter.KEYWORD_ONLY,
         default=None,
-        annotation=Annotated[float | None, typer.Option(option, help=help, show_default=False)],
+        annotation=Annotated[float | None, typer.Option(option, help=text, show_default=False)],
     )
 
 
@@ -48,7 +48,7 @@ def _takes_fault_options(command: Callable[..., None]) -> Callable[..., None]:
     """Give `command` one option per fault setting with an option (after RUN), passed on as `faults`:
     option -> value."""
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "faults"]
-    generated = [_parameter(option, setting) for option, setting in FAULT_OPTIONS.items()]
+    generated = [_parameter(option, slot, setting) for option, (slot, setting) in FAULT_OPTIONS.items()]
 
     @functools.wraps(command)
     def run(**kwargs: Any) -> None:
@@ -114,7 +114,7 @@ def chaos_command(
         overrides["dry_run"] = True
     loaded = load_plan(plan, overrides, {key: option for option, key in OPTION_KEYS.items()})
     if loaded.is_empty():
-        rates = [option for option in FAULT_OPTIONS if option.endswith("-rate")]
+        rates = [option for option, (slot, _) in FAULT_OPTIONS.items() if slot == "rate"]
         raise UserError(f"nothing to inject: give {', '.join(rates[:-1])} or {rates[-1]}, or a --plan")
     from dlc.run.files import resolve_run
 

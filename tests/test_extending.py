@@ -71,9 +71,17 @@ def apply_example(tmp_path: Path, new: dict[str, str], edits: dict[str, Callable
     return copy
 
 
+# Every check first makes sure it runs the copy's dlc, not the repository's.
+FROM_THE_COPY = """
+from pathlib import Path as _Path
+import dlc as _dlc
+assert _Path(_dlc.__file__).resolve().parent == _Path("dlc").resolve(), _dlc.__file__
+"""
+
+
 def run_in(copy: Path, script: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", FROM_THE_COPY + script],
         cwd=copy,
         env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
         capture_output=True,
@@ -85,15 +93,13 @@ def run_in(copy: Path, script: str) -> str:
 
 
 FAMILY_CHECK = """
-import dlc, jax, jax.numpy as jnp, numpy as np
-from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
 from dlc.config.load import load_recipe
 from dlc.core.decode import generate
 from dlc.core.model import apply_model, build_model, flatten_params
 from dlc.core.steps import make_optimizer, make_train_step
 from dlc.use.export import architecture, dlc_params, hf_config, hf_tensors
 
-assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
 overrides = ["model.arch=qwen2", "model.num_kv_heads=2", "model.width=32", "model.num_layers=2", "model.init_std=0.2"]
 cfg = load_recipe("recipes/tiny.yaml", overrides).model
 graphdef, params = build_model(cfg, seed=0)
@@ -143,8 +149,6 @@ def test_a_block_family_is_one_module_and_its_name(tmp_path):
 TRACKER_CHECK = """
 import csv
 from pathlib import Path
-import dlc
-assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
 from dlc.config.load import load_recipe
 from dlc.observe.trackers import Trackers, check_trackers
 
@@ -178,9 +182,6 @@ def test_a_tracker_is_one_module_and_its_name(tmp_path):
 
 FAULT_CHECK = """
 import random
-from pathlib import Path
-import dlc
-assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
 from typer.testing import CliRunner
 from chaos.faults import FaultKind
 from chaos.plan import plan_from_dict, reference_markdown
@@ -230,10 +231,7 @@ def test_a_fault_with_a_mechanism_of_its_own_is_one_spec(tmp_path):
 
 
 OUTER_CHECK = """
-from pathlib import Path
 import numpy as np
-import dlc
-assert Path(dlc.__file__).resolve().parent == Path("dlc").resolve(), dlc.__file__
 from dlc.algo.outer import make_outer
 from dlc.config.load import load_recipe
 

@@ -9,6 +9,7 @@ options, the plan reference and the controller's dispatch are all read from the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -341,3 +342,15 @@ class Fault:
         optional = {"duration_s"} if self.kind.spec.until_end is None else set()
         assert all(arg is not None for field, arg in zip(fields, args, strict=True) if field not in optional), self
         getattr(target, method)(*args)
+
+
+def lacking(request: Mapping[str, Any]) -> str | None:
+    """The setting a control request for a fault (its `op` a kind's name) lacks of those its kind is carried out
+    with, or None (also for an op that is no fault kind). The plan resolves every default, so the engine
+    ignores such a request rather than give it one of its own; only a lasting kind that may run to the end
+    goes without a duration."""
+    kind = next((k for k in FaultKind if k.value == request.get("op")), None)
+    if kind is None:
+        return None
+    optional = {"learner"} | ({"duration_s"} if kind.spec.until_end is None else set())
+    return next((field for field in kind.spec.carried_by[1:] if field not in optional and not request.get(field)), None)

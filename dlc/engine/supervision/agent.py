@@ -16,6 +16,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from chaos.faults import lacking
 from chaos.target import ProcessSignals, TargetError
 from dlc.engine.supervision.chaos_log import ChaosLog
 from dlc.run.rundir import RunDir
@@ -124,10 +125,8 @@ class Signals:
         if node is None:
             self._ignore(request, f"learner {i} has not reported its node yet")
             return
-        # The chaos plan resolves every duration and notice (its defaults are the only ones): a request
-        # without what its fault needs is ignored, never given a default of the engine's own.
-        needs = {"stall": "duration_s", "preempt": "notice_s"}.get(str(op))
-        if needs is not None and not request.get(needs):
+        # A request without a setting its fault needs is ignored, never given a default of the engine's own.
+        if (needs := lacking(request)) is not None:
             self._ignore(request, f"a {op} request without its {needs}")
             return
         agent = self.agents.on(node)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from chaos.faults import lacking
 from dlc.engine.supervision.agent import Signals
 from dlc.run.rundir import RunDir
 
@@ -42,16 +43,15 @@ def carry_out(request: dict[str, Any], supervisor: Controlled) -> None:
     if op in ("kill", "stall", "preempt", "kill_node", "kill_syncer"):
         views = {j: supervisor.slots[j].view for j in live}
         supervisor.signals.carry_out(request, views, supervisor.syncer_pid, supervisor.syncer_node)
-    # The chaos plan resolves every factor and duration (its defaults are the only ones): a request
-    # without what its fault needs is ignored, never given a default of the engine's own.
-    elif op == "slow" and slot is not None and i in live and request.get("factor"):
+    # A request without a setting its fault needs (`lacking`) is ignored, never given a default of the engine's own.
+    elif op == "slow" and slot is not None and i in live and lacking(request) is None:
         duration = request.get("duration_s")
         seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
         slot.handle.set_slow.remote(float(request["factor"]), seconds)
         supervisor.rundir.event(
             "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
         )
-    elif op in ("degrade_link", "cut_link") and slot is not None and i in live and _link_fault_given(request):
+    elif op in ("degrade_link", "cut_link") and slot is not None and i in live and lacking(request) is None:
         factor = float(request["factor"]) if op == "degrade_link" else None
         seconds = float(request["duration_s"])
         slot.handle.impair_link.remote(factor, seconds)  # the uplink
@@ -68,11 +68,6 @@ def carry_out(request: dict[str, Any], supervisor: Controlled) -> None:
             else "unknown op, learner not live, or the fault's factor or duration missing"
         )
         supervisor.rundir.event("control_ignored", request=request, reason=reason)
-
-
-def _link_fault_given(request: dict[str, Any]) -> bool:
-    """A link fault's request names its duration, and a degrade_link its factor too."""
-    return bool(request.get("duration_s")) and (request["op"] == "cut_link" or bool(request.get("factor")))
 
 
 def start_chaos(plan: Any, rundir: RunDir, message: Callable[[str], None]) -> tuple[Any, threading.Event]:

@@ -43,3 +43,19 @@ def test_every_fault_kind_names_its_mechanism():
     assert FaultKind.PREEMPT.is_kill and FaultKind.PREEMPT.takes_learner_out and FaultKind.PREEMPT.rate_per_learner
     assert not FaultKind.PREEMPT.has_duration
     assert Fault(1, FaultKind.PREEMPT, 2, notice_s=30).describe() == "SIGTERM, SIGKILL after 30 s unless it has left"
+
+
+def test_a_control_request_lacks_what_its_kind_is_carried_out_with():
+    from chaos.faults import lacking
+
+    assert lacking({"op": "stall", "learner": 1}) == "duration_s"
+    assert lacking({"op": "preempt", "learner": 1, "duration_s": 5.0}) == "notice_s"
+    assert lacking({"op": "degrade_link", "learner": 1, "duration_s": 5.0}) == "factor"
+    assert lacking({"op": "degrade_link", "learner": 1, "factor": 10.0}) == "duration_s"
+    assert lacking({"op": "cut_link", "learner": 1}) == "duration_s"
+    # A slow-down or a join may last until the run ends; a kill needs nothing; an unknown op is not a fault's.
+    assert lacking({"op": "slow", "learner": 1, "factor": 3.0, "duration_s": None}) is None
+    assert lacking({"op": "slow", "learner": 1, "duration_s": 5.0}) == "factor"
+    assert lacking({"op": "join", "duration_s": None}) is None
+    assert lacking({"op": "kill", "learner": 1}) is None
+    assert lacking({"op": "reboot"}) is None

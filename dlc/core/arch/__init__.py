@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from dlc.config.workload import ModelConfig
 from dlc.core.arch.base import Family
 
 
@@ -15,3 +16,8 @@ def family(arch: str) -> Family:
     """The family model.arch names."""
     found: Family = importlib.import_module(f"{__name__}.{arch}").FAMILY
     return found
+
+
+def mlp_hidden(cfg: ModelConfig) -> int:
+    """Each block's MLP width: model.mlp_hidden, else its family's default."""
+    return cfg.mlp_hidden or family(cfg.arch).mlp_hidden(cfg)

@@ -49,7 +49,7 @@ class Family:
     mlp: Callable[[ModelConfig, nnx.Rngs], Any]
     norm: Callable[..., Any]  # (width, dtype=, rngs=) -> a norm layer
     learned_positions: bool  # a pos_embed table of context_len positions, added to the embedding
-    mlp_hidden: Callable[[ModelConfig], int]  # the MLP's width when model.mlp_hidden is not given
+    mlp_hidden: Callable[[ModelConfig], int]  # the MLP width when model.mlp_hidden is not given (`arch.mlp_hidden`)
     hf: HFLayout
 
 

@@ -28,6 +28,7 @@ import jax
 from flax import nnx
 
 from dlc.config.workload import ModelConfig
+from dlc.core.arch import mlp_hidden
 from dlc.core.arch.base import KV, Family, HFLayout, attend, compute_dtype, initializer, residual_initializer
 from dlc.core.shapes import NORM_EPS, head_dim, vocab_size
 
@@ -53,7 +54,7 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        hidden, dtype = _mlp_hidden(cfg), compute_dtype(cfg)
+        hidden, dtype = mlp_hidden(cfg), compute_dtype(cfg)
         self.up = nnx.Linear(cfg.width, hidden, kernel_init=initializer(cfg), dtype=dtype, rngs=rngs)
         self.down = nnx.Linear(hidden, cfg.width, kernel_init=residual_initializer(cfg), dtype=dtype, rngs=rngs)
 
@@ -62,8 +63,8 @@ class MLP(nnx.Module):
 
 
 def _mlp_hidden(cfg: ModelConfig) -> int:
-    """model.mlp_hidden, else mlp_ratio x width."""
-    return cfg.mlp_hidden or cfg.mlp_ratio * cfg.width
+    """mlp_ratio x width: the default when model.mlp_hidden is not given."""
+    return cfg.mlp_ratio * cfg.width
 
 
 def _config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def _config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
         "n_embd": cfg.width,
         "n_layer": cfg.num_layers,
         "n_head": cfg.num_heads,
-        "n_inner": _mlp_hidden(cfg),
+        "n_inner": mlp_hidden(cfg),
         "activation_function": "gelu_new",  # jax.nn.gelu's default, the tanh approximation
         "layer_norm_epsilon": NORM_EPS,
         "resid_pdrop": 0.0,

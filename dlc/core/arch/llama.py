@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dlc.config.workload import ModelConfig
+from dlc.core.arch import mlp_hidden
 from dlc.core.arch.base import KV, Family, HFLayout, attend, compute_dtype, initializer, residual_initializer
 from dlc.core.shapes import NORM_EPS, head_dim, kv_heads, vocab_size
 
@@ -76,7 +77,7 @@ class SwiGLU(nnx.Module):
     """down(silu(gate(x)) * up(x)), without biases."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
-        hidden, dtype, init = _mlp_hidden(cfg), compute_dtype(cfg), initializer(cfg)
+        hidden, dtype, init = mlp_hidden(cfg), compute_dtype(cfg), initializer(cfg)
         self.gate = nnx.Linear(cfg.width, hidden, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
         self.up = nnx.Linear(cfg.width, hidden, use_bias=False, kernel_init=init, dtype=dtype, rngs=rngs)
         self.down = nnx.Linear(
@@ -88,9 +89,9 @@ class SwiGLU(nnx.Module):
 
 
 def _mlp_hidden(cfg: ModelConfig) -> int:
-    """model.mlp_hidden, else two thirds of mlp_ratio x width rounded up to 64: SwiGLU has three matrices
-    where GELU's MLP has two, so this keeps the count."""
-    return cfg.mlp_hidden or -(-2 * cfg.mlp_ratio * cfg.width // (3 * 64)) * 64
+    """The default when model.mlp_hidden is not given: two thirds of mlp_ratio x width, rounded up to 64
+    (SwiGLU has three matrices where GELU's MLP has two, so this keeps the count)."""
+    return -(-2 * cfg.mlp_ratio * cfg.width // (3 * 64)) * 64
 
 
 def _config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
@@ -99,7 +100,7 @@ def _config(cfg: ModelConfig, stop_token: int | None) -> dict[str, Any]:
         "model_type": "llama",
         "vocab_size": vocab_size(cfg),
         "hidden_size": cfg.width,
-        "intermediate_size": _mlp_hidden(cfg),
+        "intermediate_size": mlp_hidden(cfg),
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": kv_heads(cfg),

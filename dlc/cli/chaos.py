@@ -7,7 +7,6 @@ package is imported inside the command so importing this module stays cheap.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from chaos.faults import FaultKind, Setting
+from dlc.cli.options import with_options
 from dlc.cli.tables import print_table
 from dlc.errors import UserError
 
@@ -37,27 +37,21 @@ def _parameter(option: str, slot: str, setting: Setting) -> inspect.Parameter:
     """A rate's option says what it counts; the others say their default too."""
     text = setting.help if slot == "rate" else f"{setting.help} (default: the plan's, else {setting.default:g})"
     return inspect.Parameter(
-        option.removeprefix("--").replace("-", "_"),
+        _option_name(option),
         inspect.Parameter.KEYWORD_ONLY,
         default=None,
         annotation=Annotated[float | None, typer.Option(option, help=text, show_default=False)],
     )
 
 
+def _option_name(option: str) -> str:
+    return option.removeprefix("--").replace("-", "_")
+
+
 def _takes_fault_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give `command` one option per fault setting with an option (after RUN), passed on as `faults`:
-    option -> value."""
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "faults"]
+    """Give `command` one option per fault setting that has one, after RUN; it receives them as `**faults`."""
     generated = [_parameter(option, slot, setting) for option, (slot, setting) in FAULT_OPTIONS.items()]
-
-    @functools.wraps(command)
-    def run(**kwargs: Any) -> None:
-        faults = {option: kwargs.pop(p.name) for option, p in zip(FAULT_OPTIONS, generated, strict=True)}
-        command(**kwargs, faults=faults)
-
-    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
-    run.__signature__ = inspect.Signature([keyword[0], *generated, *keyword[1:]])  # type: ignore[attr-defined]
-    return run
+    return with_options(command, "run", generated, lambda kwargs: command(**kwargs))
 
 
 @_takes_fault_options
@@ -96,14 +90,15 @@ def chaos_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print and record what would be injected; touch nothing.")
     ] = False,
-    faults: dict[str, float | None] | None = None,
+    **faults: float | None,
 ) -> None:
     """Inject faults into a running run until --duration ends or the run finishes (Ctrl-C stops)."""
     from chaos.controller import Controller
     from chaos.plan import load_plan
     from chaos.target import RunDirTarget
 
-    given = {**(faults or {}), "--seed": seed, "--duration": duration, "--warmup": warmup}
+    given = {option: faults.get(_option_name(option)) for option in FAULT_OPTIONS}
+    given |= {"--seed": seed, "--duration": duration, "--warmup": warmup}
     for option, value in given.items():
         if isinstance(value, float) and not math.isfinite(value):  # an infinite rate never stops firing
             raise UserError(f"{option}={value} must be a finite number")

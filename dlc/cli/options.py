@@ -49,6 +49,28 @@ def format_count(value: float) -> str:
     return f"{value:g}"
 
 
+def with_options(
+    command: Command, after: str, generated: list[inspect.Parameter], call: Callable[[dict[str, Any]], None]
+) -> Command:
+    """`command` as Typer reads it: its own parameters but its `**keywords`, with `generated` listed after its
+    parameter `after`; `call` is given every value by parameter name, and runs the command."""
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in inspect.signature(command, eval_str=True).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    at = [p.name for p in own].index(after) + 1
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        call(kwargs)
+
+    # Typer reads the options from the signature: the command's own, with the generated ones spliced in.
+    # (typeshed declares no __signature__ on functions, which inspect.signature reads.)
+    run.__signature__ = inspect.Signature([*own[:at], *generated, *own[at:]])  # type: ignore[attr-defined]
+    return run
+
+
 def takes_settings(
     model: type[BaseModel],
     *,
@@ -72,28 +94,18 @@ def takes_settings(
         return "--" + renamed.get(name, name).replace("_", "-")
 
     def decorate(command: Command) -> Command:
-        own = [
-            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-            for p in inspect.signature(command, eval_str=True).parameters.values()
-            if p.kind is not inspect.Parameter.VAR_KEYWORD
-        ]
-        at = [p.name for p in own].index(after) + 1
         generated = [
             _option(model, field, name, short.get(field), shown_defaults.get(field)) for field, name in params.items()
         ]
 
-        @functools.wraps(command)
-        def run(**kwargs: Any) -> None:
+        def call(kwargs: dict[str, Any]) -> None:
             settings = {field: kwargs.pop(name) for field, name in params.items()}
             try:
                 command(**kwargs, **settings)
             except SettingError as exc:
                 raise UserError(exc.spelled(spell)) from None
 
-        # Typer reads the options from the signature: the command's own, with the model's spliced in.
-        # (typeshed declares no __signature__ on functions, which inspect.signature reads.)
-        run.__signature__ = inspect.Signature([*own[:at], *generated, *own[at:]])  # type: ignore[attr-defined]
-        return run
+        return with_options(command, after, generated, call)
 
     return decorate
 

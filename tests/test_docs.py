@@ -28,7 +28,7 @@ import pytest
 import typer
 
 from dlc.cli.app import app
-from dlc.cli.reference import generators, page_with, undocumented_modules
+from dlc.cli.reference import END_MARKER, MARKER, generators, page_with, undocumented_modules
 from tests.fixtures_runs import finished_run
 from tests.helpers import REPO, run_cli
 
@@ -43,6 +43,7 @@ GENERATED = [
     "reference/events.md",
     "reference/cli.md",
     "internals/modules.md",
+    "internals/layout.md",
 ]
 
 # A fenced shell block, with the marker line above it when there is one.
@@ -192,3 +193,9 @@ def test_every_event_the_code_writes_is_declared():
     assert len(written) > 40  # the scan still finds the code's events
     missing = {kind: where for kind, where in written.items() if kind not in EVENTS}
     assert missing == {}, f"events written but not declared in dlc/run/events.py: {missing}"
+
+
+def test_the_writer_keeps_the_prose_around_the_generated_text():
+    page = f"intro\n{MARKER}\n\nold\n{END_MARKER}\n\nafter\n"
+    assert page_with(page, "new") == f"intro\n{MARKER}\n\nnew\n\n{END_MARKER}\n\nafter\n"
+    assert page_with(f"intro\n{MARKER}\n\nold\n", "new") == f"intro\n{MARKER}\n\nnew\n"

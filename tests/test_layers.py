@@ -4,29 +4,15 @@ and only the engine imports Ray."""
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
+
+from dlc.cli.layers import LAYERS as PACKAGES
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Lowest first. A module may import its own package and any package listed before it.
-LAYERS = (
-    "dlc.errors",
-    "dlc.units",  # byte sizes and their formatter
-    "dlc.config",  # the recipe
-    "dlc.data",  # corpora, tokenizers, prepared token shards: NumPy, no JAX
-    "dlc.core",  # model, steps, learner, codec, fragments: JAX and NumPy only
-    "dlc.net",  # transport and emulated links
-    "dlc.run",  # the run-directory contract, checkpoints
-    "dlc.algo",  # decoupled, blocking, none
-    "dlc.observe",  # status, dashboard, report, goodput, snapshots
-    "dlc.plan",  # simulate, bandwidth
-    "dlc.use",  # a trained model read back from a run: sample, eval
-    "chaos",
-    "dlc.engine",  # Ray
-    "dlc.train",
-    "dlc.cli",
-)
+# Lowest first (dlc/cli/layers.py, which the layout page's table is generated from). A module may
+# import its own package and any package listed before it.
+LAYERS = tuple(package.name for package in PACKAGES)
 
 
 def layer_of(module: str) -> int | None:
@@ -146,13 +132,3 @@ def test_no_modules_import_each_other_round_a_circle():
     # Between packages the layers forbid it; inside a package this finds it.
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles(module_graph()) == []
-
-
-def test_the_layout_page_lists_the_layers_in_this_order():
-    """docs/internals/layout.md's package table and its import rule say the order LAYERS enforces."""
-    page = (REPO / "docs" / "internals" / "layout.md").read_text()
-    short = [name.removeprefix("dlc.") for name in LAYERS]
-    rule = page[page.index("in this order:") : page.index("Only `engine` imports Ray")]
-    assert re.findall(r"`([a-z_]+)`", rule) == short
-    table = re.findall(r"^\| `(dlc/[a-z_]+|chaos)/?(?:\.py)?` \|", page, re.MULTILINE)
-    assert [name.removeprefix("dlc/") for name in table] == short

@@ -2,10 +2,11 @@
 
     python -m dlc.cli.reference            # rewrite the generated part of every generated page
 
-A page is prose a person wrote, then MARKER, then the generated text; the writer replaces only what
-follows the marker, and tests/test_docs.py fails when a page differs from what it would write. The
-module index reads each module's docstring as text, importing nothing: its first line, a line of its
-own, says the module's one concern.
+A page is prose a person wrote, then MARKER, then the generated text, up to END_MARKER where the
+page goes on in prose (or to its end); the writer replaces only what lies between, and
+tests/test_docs.py fails when a page differs from what it would write. The module index reads each
+module's docstring as text, importing nothing: its first line, a line of its own, says the module's
+one concern.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import typer
 from typer.core import TyperArgument, TyperOption
 
 MARKER = "<!-- Generated from the code below this line; regenerate with: python -m dlc.cli.reference -->"
+END_MARKER = "<!-- End of the generated text -->"
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 INDEXED = ("chaos", "dlc")  # the packages whose modules the module index lists
@@ -124,6 +126,7 @@ def modules_markdown(repo: Path = REPO) -> str:
 def generators() -> dict[str, Callable[[], str]]:
     """Each generated page's path under docs/, and the function that writes its text."""
     from chaos.plan import reference_markdown as plan_reference
+    from dlc.cli.layers import layout_markdown
     from dlc.config.reference import reference_markdown as recipe_reference
     from dlc.run.events import catalog_markdown
 
@@ -133,14 +136,17 @@ def generators() -> dict[str, Callable[[], str]]:
         "reference/events.md": catalog_markdown,
         "reference/cli.md": cli_markdown,
         "internals/modules.md": modules_markdown,
+        "internals/layout.md": layout_markdown,
     }
 
 
 def page_with(page: str, generated: str) -> str:
-    """The page with everything after its marker replaced by `generated`."""
+    """The page with what follows its marker, up to its end marker or its end, replaced by `generated`."""
     if MARKER not in page:
         raise ValueError(f"the page has no line {MARKER!r}: add it where the generated text begins")
-    return f"{page.split(MARKER, 1)[0]}{MARKER}\n\n{generated.strip()}\n"
+    before, after = page.split(MARKER, 1)
+    rest = f"\n{END_MARKER}{after.split(END_MARKER, 1)[1]}" if END_MARKER in after else ""
+    return f"{before}{MARKER}\n\n{generated.strip()}\n{rest}"
 
 
 def write_pages(docs: Path = DOCS) -> list[Path]:

@@ -36,10 +36,12 @@ class EvaluatorWorker:
 
         if self.recipe.run.compile_cache:  # before JAX compiles anything in this process
             enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
+        from dlc.core.abstract import abstract_params
         from dlc.core.evaluate import Evaluator
-        from dlc.core.model import build_model, unflatten_params
+        from dlc.core.model import unflatten_params
 
-        graphdef, self.like = build_model(self.recipe.model, self.recipe.run.seed)
+        # The model's structure, traced on shapes: it evaluates the parameters it is sent, never its own.
+        graphdef, self.like = abstract_params(self.recipe.model)
         self._unflatten = unflatten_params
         self.evaluator = Evaluator(self.recipe, graphdef, held_out)
 

@@ -211,7 +211,7 @@ def test_two_nodes_train_lose_learners_and_resume(two_nodes: Cluster, tmp_path: 
         "  - {at_s: 1, fault: kill, learner: 1}\n"  # on the second node
         "  - {at_s: 2, fault: kill_node, learner: 0}\n"  # the head node's learners: 0 and 2
     )
-    train = _train(cluster, *RUN, PINNED, "run.max_steps=160", f"run.dir={run_dir}")
+    train = _train(cluster, *RUN, PINNED, "run.max_steps=120", f"run.dir={run_dir}")
     chaos = None
     try:
         status = _wait_until_training(run_dir, train, 4, timeout_s=300)
@@ -258,10 +258,10 @@ def test_two_nodes_train_lose_learners_and_resume(two_nodes: Cluster, tmp_path: 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["restarts"] == {"0": 1, "1": 1, "2": 1}
     final = {row["id"]: row["step"] for row in summary["learners"]}
-    assert set(final.values()) == {160}
+    assert set(final.values()) == {120}
 
     # Resume: each learner from the checkpoint it wrote on its node, the syncer from its own.
-    resumed_run = _train(cluster, *RUN, PINNED, "run.max_steps=180", f"run.dir={run_dir}")
+    resumed_run = _train(cluster, *RUN, PINNED, "run.max_steps=140", f"run.dir={run_dir}")
     try:
         _, stderr = resumed_run.communicate(timeout=600)
     finally:
@@ -273,7 +273,7 @@ def test_two_nodes_train_lose_learners_and_resume(two_nodes: Cluster, tmp_path: 
     assert any(e["kind"] == "syncer_restored" for e in events)
     assert not [e for e in events if e["kind"] == "control_ignored"]  # the first run's requests stay its own
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and {row["step"] for row in summary["learners"]} == {180}
+    assert summary["status"] == "completed" and {row["step"] for row in summary["learners"]} == {140}
 
 
 def _connections(proc: psutil.Process) -> list:
@@ -289,7 +289,7 @@ def test_learners_on_a_draining_node_leave_with_their_progress_and_the_run_goes_
     # Its learners (1 and 3, pinned to it) push what they have not pushed and leave; no other node can
     # hold them, so they are retired and the head node's learners finish the run.
     cluster, run_dir = two_nodes, tmp_path / "run"
-    train = _train(cluster, *RUN, PINNED, "run.max_steps=100", f"run.dir={run_dir}")
+    train = _train(cluster, *RUN, PINNED, "run.max_steps=75", f"run.dir={run_dir}")
     try:
         status = _wait_until_training(run_dir, train, 4, timeout_s=300)
         second = next(row["node_id"] for row in status["learners"] if row["id"] == 1)
@@ -312,5 +312,5 @@ def test_learners_on_a_draining_node_leave_with_their_progress_and_the_run_goes_
     assert {e["learner"] for e in events if e["kind"] == "learner_lost"} == {1, 3}
     summary = json.loads((run_dir / "summary.json").read_text())
     final = {row["id"]: row["step"] for row in summary["learners"]}
-    assert summary["status"] == "completed" and final[0] == final[2] == 100
+    assert summary["status"] == "completed" and final[0] == final[2] == 75
     assert summary["goodput_by_learner"]["1"]["dead"] == 0  # a notice is not a death

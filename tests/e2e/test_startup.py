@@ -34,7 +34,7 @@ def test_a_hot_spare_takes_a_killed_learners_slot_and_another_starts_behind_it(t
         "learners.count=3",
         "learners.spares=1",
         "learners.step_time_s=0.2",
-        "run.max_steps=250",
+        "run.max_steps=130",  # the kill at about step 10, the second spare ready some 25 steps later
         f"run.compile_cache_dir={cache}",
     )
     try:

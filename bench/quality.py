@@ -67,6 +67,8 @@ class Arm:
 
 DP = Arm("data-parallel", dp=True, note="one model, the global batch every step")
 
+PLOT = runner.REPO / "bench" / "quality-sizes.png"
+
 SIZES_ARMS = (
     DP,
     Arm("decoupled M=4", note="the recipe's defaults, learners out of phase", out_of_phase=True),
@@ -173,6 +175,10 @@ def paired(values: dict[int, float], reference: dict[int, float]) -> str:
     return f"{statistics.fmean(diffs) * 100:+.2f}%{spread}"
 
 
+def trained(runs: list[dict[str, Any]], size: str, arm: str) -> bool:
+    return any(r["size"] == size and r["arm"] == arm for r in runs)
+
+
 def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, dict[int, float]]:
     """The lr with the lowest mean loss over the seeds, and its loss by seed."""
     by_lr: dict[float, dict[int, float]] = {}
@@ -183,6 +189,24 @@ def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, dict[i
     return lr, by_lr[lr]
 
 
+def plot(data: dict[str, Any], out: Path) -> None:
+    """Each arm's paired gap to data-parallel (its best lr against data-parallel's) against the size."""
+    meta, runs = data["meta"], data["runs"]
+    series: dict[str, list[tuple[float, list[float]]]] = {}
+    for arm in meta["arms"]:
+        if arm["dp"]:
+            continue
+        for size in meta["sizes"]:
+            if not (trained(runs, size["name"], arm["label"]) and trained(runs, size["name"], DP.label)):
+                continue
+            _, dp = best(runs, size["name"], DP.label)
+            _, losses = best(runs, size["name"], arm["label"])
+            gaps = [losses[seed] / dp[seed] - 1 for seed in sorted(losses.keys() & dp.keys())]
+            series.setdefault(arm["label"], []).append((size["params"], gaps))
+    title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"
+    runner.gap_plot(series, out, title, "parameters")
+
+
 def table(data: dict[str, Any]) -> str:
     meta, runs = data["meta"], data["runs"]
     ladder = meta["mode"] == "ladder"
@@ -191,10 +215,12 @@ def table(data: dict[str, Any]) -> str:
     head += ["contributors per round", "rounds per fragment", "MiB up", "consecutive outer gradients, cosine"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in meta["sizes"]:
+        if not trained(runs, size["name"], DP.label):
+            continue  # its data-parallel reference not trained (yet)
         _, dp = best(runs, size["name"], DP.label)
         before = None
         for arm in meta["arms"]:
-            if not any(r["size"] == size["name"] and r["arm"] == arm["label"] for r in runs):
+            if not trained(runs, size["name"], arm["label"]):
                 continue  # not trained (yet): a partial quality.json renders what it holds
             lr, losses = best(runs, size["name"], arm["label"])
             one = [r for r in runs if r["size"] == size["name"] and r["arm"] == arm["label"] and r["lr"] == lr]
@@ -256,10 +282,16 @@ def main() -> None:
     ap.add_argument("--from-json", help="render the table from a quality.json instead of training")
     ap.add_argument("--cli", action="store_true", help="also train the last arm's best setting with `dlc train`")
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
+    ap.add_argument("--plot", default=str(PLOT), help="sizes mode: the plot of each arm's gap against the size")
     args = ap.parse_args()
     data = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args)
     title = {"sizes": "by model size", "ladder": "the ladder", "learners": "by number of learners"}
     text = table(data)
+    if data["meta"]["mode"] == "sizes" and len(data["meta"]["sizes"]) > 1:
+        plot(data, Path(args.plot))
+        shown = Path(args.plot).resolve()
+        where = shown.relative_to(runner.REPO) if shown.is_relative_to(runner.REPO) else shown
+        text += f"\nEach arm's gap against the parameter count (the range of the seeds as bars): `{where}`.\n"
     print(text)
     meta = data["meta"]
     provenance = runner.Provenance.of(meta)

@@ -247,6 +247,36 @@ def this_machine() -> str:
     return f"{platform.node()} ({os.cpu_count()} CPUs, {cpu}; {gpus or 'no GPU'})"
 
 
+def gap_plot(series: dict[str, list[tuple[float, list[float]]]], out: Path, title: str, xlabel: str) -> None:
+    """Each series' gap to data-parallel (%) against x, log-scaled: the mean of its paired gaps, with
+    their range as the error bar. `series`: label -> [(x, the gaps of the seeds as fractions), ...]."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in series.items():
+        if not points:
+            continue
+        x = [at for at, _ in points]
+        y = [100 * statistics.fmean(gaps) for _, gaps in points]
+        below = [mean - 100 * min(gaps) for mean, (_, gaps) in zip(y, points, strict=True)]
+        above = [100 * max(gaps) - mean for mean, (_, gaps) in zip(y, points, strict=True)]
+        ax.errorbar(x, y, yerr=[below, above], marker="o", capsize=3, label=label)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final eval loss vs data-parallel (%)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def heading(title: str, parser: argparse.ArgumentParser, args: argparse.Namespace, keyed: Iterable[str]) -> str:
     """`title`, and the options among `keyed` that differ from their defaults, as typed.
 

@@ -138,31 +138,8 @@ def table(data: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
 
 
 def plot(rows: list[dict[str, Any]], algorithms: list[str], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for a in algorithms:
-        if a == "dp":
-            continue
-        points = [(r["params"], 100 * statistics.fmean(r[a]), 100 * min(r[a]), 100 * max(r[a])) for r in rows if a in r]
-        if not points:
-            continue
-        x, y, lo, hi = zip(*points, strict=True)
-        below = [mean - low for mean, low in zip(y, lo, strict=True)]
-        above = [high - mean for mean, high in zip(y, hi, strict=True)]
-        ax.errorbar(x, y, yerr=[below, above], marker="o", capsize=3, label=a)
-    ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel("final eval loss vs data-parallel (%)")
-    ax.set_title("Gap to data-parallel at equal tokens")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    series = {a: [(r["params"], r[a]) for r in rows if a in r] for a in algorithms if a != "dp"}
+    runner.gap_plot(series, out, "Gap to data-parallel at equal tokens", "parameters")
 
 
 def main() -> None:

@@ -130,7 +130,8 @@ LAYERS: tuple[Package, ...] = (
     Package(
         "dlc.cli",
         "dlc/cli",
-        ("thin Typer commands that parse, load and call one function; the writer of the manual's generated pages"),
+        "thin Typer commands that parse, load and call one function; the writer of the manual's generated "
+        "pages, and this order of the packages",
     ),
 )
 

@@ -161,6 +161,13 @@ def train_arm(arm: Arm, overrides: list[str], tokens: int) -> dict[str, Any]:
     return train_twin(recipe, overrides, tokens, starts=starts)
 
 
+def swept(meta: dict[str, Any]) -> str:
+    """How the inner lr was swept, as the table's notes say it."""
+    if meta.get("lrs") and meta["lrs"] != lr_grid(meta["base_lr"], meta["lr_points"]):
+        return f"inner lr at {', '.join(f'{lr:g}' for lr in meta['lrs'])} (given)"
+    return f"inner lr swept over {meta['lr_points']} points of a sqrt(2) grid around {meta['base_lr']:g}"
+
+
 def lr_grid(base: float, points: int) -> list[float]:
     offsets = range(-(points // 2), points - points // 2)
     return [round(base * math.sqrt(2) ** k, 8) for k in offsets]
@@ -251,7 +258,7 @@ def table(data: dict[str, Any]) -> str:
     return (
         f"{meta['c']} tokens per parameter, global batch {meta['global_batch']} x {meta['seq_len']} tokens, "
         f"seeds {', '.join(map(str, meta['seeds']))} (paired: the same initialisation and data order in every arm), "
-        f"inner lr swept over {meta['lr_points']} points of a sqrt(2) grid around {meta['base_lr']:g}, best mean kept. "
+        f"{swept(meta)}, best mean kept. "
         f"{sizes}. Losses are nats per byte of the global model after the final flush; a paired difference is the "
         f"mean over the seeds of each seed's loss against the reference's of the same seed, with its range; the "
         f"cosine is between one round's merged outer gradient of a fragment and its round before, averaged.\n\n"
@@ -270,6 +277,7 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=32, help="sequences per step, all learners together")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--lr-points", type=int, default=3)
+    ap.add_argument("--lr-grid", help="the inner lrs to train, comma-separated, instead of --lr-points' grid")
     ap.add_argument("--counts", default="1,2,4,8", help="learners mode: the M to run")
     ap.add_argument(
         "--arm",
@@ -316,6 +324,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for size in sizes:
         plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len)
     seeds = [int(s) for s in args.seeds.split(",")]
+    given = [float(x) for x in args.lr_grid.split(",")] if args.lr_grid else None
+    lrs = given or lr_grid(base.inner.lr, args.lr_points)
     root = Path(args.keep or tempfile.mkdtemp(prefix="dlc-quality-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -327,6 +337,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "seeds": seeds,
         "lr_points": args.lr_points,
         "base_lr": base.inner.lr,
+        "lrs": lrs,
         "sizes": [vars(s) for s in sizes],
         "arms": [vars(a) for a in arms],
     }
@@ -335,7 +346,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
         for size in sizes:
             for arm in arms:
-                for lr in lr_grid(base.inner.lr, args.lr_points):
+                for lr in lrs:
                     for seed in seeds:
                         overrides = arm_overrides(arm, size, args.global_batch, lr, seed)
                         key = (size.name, arm.label, lr, seed)

@@ -52,6 +52,13 @@ class Spec:
     until_end: str | None = None  # why a timeline entry of a lasting kind may not last until the run ends
     summary: str = ""  # the plan summary's words after the rate, from the plan's settings
 
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The Fault fields it is carried out with that must be given: the plan fills in every default,
+        and only a lasting kind that may run to the end goes without a duration."""
+        optional = {"duration_s"} if self.until_end is None else set()
+        return tuple(field for field in self.carried_by[1:] if field not in optional)
+
 
 def _rate(
     name: str, what: str, per_learner: bool = True, option: str | None = None, help: str | None = None
@@ -337,20 +344,15 @@ class Fault:
     def inject(self, target: Any) -> None:
         """Carry it out on `target` (a `chaos.target.Target`): the kind's method, with this fault's fields."""
         method, *fields = self.kind.spec.carried_by
-        args = [getattr(self, field) for field in fields]
-        # The plan fills in every default; only a lasting kind that may run to the end goes without a duration.
-        optional = {"duration_s"} if self.kind.spec.until_end is None else set()
-        assert all(arg is not None for field, arg in zip(fields, args, strict=True) if field not in optional), self
-        getattr(target, method)(*args)
+        assert all(getattr(self, field) is not None for field in self.kind.spec.required), self
+        getattr(target, method)(*(getattr(self, field) for field in fields))
 
 
 def lacking(request: Mapping[str, Any]) -> str | None:
-    """The setting a control request for a fault (its `op` a kind's name) lacks of those its kind is carried out
-    with, or None (also for an op that is no fault kind). The plan resolves every default, so the engine
-    ignores such a request rather than give it one of its own; only a lasting kind that may run to the end
-    goes without a duration."""
+    """The setting a control request for a fault (its `op` a kind's name) lacks of those its kind requires
+    (`Spec.required`; its learner is the engine's to check), or None (also for an op that is no fault kind).
+    The plan resolves every default, so the engine ignores such a request rather than give it one of its own."""
     kind = next((k for k in FaultKind if k.value == request.get("op")), None)
     if kind is None:
         return None
-    optional = {"learner"} | ({"duration_s"} if kind.spec.until_end is None else set())
-    return next((field for field in kind.spec.carried_by[1:] if field not in optional and not request.get(field)), None)
+    return next((field for field in kind.spec.required if field != "learner" and not request.get(field)), None)

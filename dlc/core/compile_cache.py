@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dlc.config.job import RunConfig
+
 # Size at which JAX starts evicting the least recently used entries. Setting any size also makes
 # JAX take a file lock around every read and write of the cache (see `enable_compilation_cache`).
 CACHE_MAX_BYTES = 8 * 1024**3
@@ -29,6 +31,16 @@ _CACHE_SUFFIX, _ATIME_SUFFIX, _LOCK_FILE = "-cache", "-atime", ".lockfile"
 def compilation_cache_dir(configured: str) -> Path:
     """The cache directory a recipe names, with ~ and environment variables expanded."""
     return Path(os.path.expandvars(os.path.expanduser(configured)))
+
+
+def enable_run_cache(run: RunConfig) -> Path | None:
+    """Turn on the cache a run's recipe names in this process (before JAX compiles anything), unless
+    run.compile_cache is off; returns its directory, or None."""
+    if not run.compile_cache:
+        return None
+    directory = compilation_cache_dir(run.compile_cache_dir)
+    enable_compilation_cache(directory)
+    return directory
 
 
 def enable_compilation_cache(directory: Path) -> None:

@@ -19,13 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dlc.config.schema import Recipe
 from dlc.core.allocator import freeze_heap, release_freed_memory
 from dlc.core.backend import BackendError, start_backend
-from dlc.core.compile_cache import (
-    CompileLog,
-    compilation_cache_dir,
-    compile_key,
-    compile_turn,
-    enable_compilation_cache,
-)
+from dlc.core.compile_cache import CompileLog, compile_key, compile_turn, enable_run_cache
 from dlc.engine.devices import learner_setup
 
 if TYPE_CHECKING:
@@ -83,9 +77,7 @@ class Startup:
             who = "hot spare" if index is None else f"learner {index}"
             self.backend_error = f"{who} (pid {os.getpid()}): {exc}"
             return
-        self.cache_dir = compilation_cache_dir(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
-        if self.cache_dir is not None:  # before JAX compiles anything in this process
-            enable_compilation_cache(self.cache_dir)
+        self.cache_dir = enable_run_cache(recipe.run)  # before JAX compiles anything in this process
         self.log = CompileLog(cached=recipe.run.compile_cache)
         self.turn = compile_key(compiled_by(recipe, index, self.device))
         if requested_at is not None:

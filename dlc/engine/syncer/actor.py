@@ -37,7 +37,7 @@ class SyncerWorker:
         """`run_dir`: the run directory on the driver's node, where it runs (its journal goes there);
         `storage`: where checkpoints go and the token of this start (see `dlc.run.storage`)."""
         from dlc.algo import get_algorithm
-        from dlc.core.compile_cache import compilation_cache_dir, enable_compilation_cache
+        from dlc.core.compile_cache import enable_run_cache
         from dlc.core.model import build_model, flatten_params
         from dlc.net.transport import Transport
 
@@ -49,8 +49,7 @@ class SyncerWorker:
         self.storage_error = self.storage.check(storage["token"], describe(node))
         if self.storage_error:  # the driver asks `storage_check` first and ends the run with this line
             return
-        if self.recipe.run.compile_cache:  # the model's construction is compiled: a load after the first process
-            enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
+        enable_run_cache(self.recipe.run)  # the model's construction is compiled: a load after the first process
         _, params = build_model(self.recipe.model, self.recipe.run.seed)
         self.shapes = flatten_params(params)
         self.learners: dict[int, Any] = {}

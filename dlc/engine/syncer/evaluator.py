@@ -19,7 +19,7 @@ class EvaluatorWorker:
         """`held_out`: the held-out bytes, or where the prepared dataset's held-out split is."""
         self.recipe = Recipe.model_validate(recipe_json)
         from dlc.core.backend import BackendError, start_backend
-        from dlc.core.compile_cache import compilation_cache_dir, enable_compilation_cache
+        from dlc.core.compile_cache import enable_run_cache
 
         self.backend_error: str | None = None
         self._released = False
@@ -34,8 +34,7 @@ class EvaluatorWorker:
             self.backend_error = f"the evaluator (eval.num_gpus={self.recipe.eval.num_gpus:g}): {exc}"
             return
 
-        if self.recipe.run.compile_cache:  # before JAX compiles anything in this process
-            enable_compilation_cache(compilation_cache_dir(self.recipe.run.compile_cache_dir))
+        enable_run_cache(self.recipe.run)  # before JAX compiles anything in this process
         from dlc.core.abstract import abstract_params
         from dlc.core.evaluate import Evaluator
         from dlc.core.model import unflatten_params

@@ -173,9 +173,14 @@ def lr_grid(base: float, points: int) -> list[float]:
     return [round(base * math.sqrt(2) ** k, 8) for k in offsets]
 
 
+def paired_diffs(values: dict[int, float], reference: dict[int, float]) -> list[float]:
+    """Each seed's loss against the reference's of the same seed, as fractions."""
+    return [values[seed] / reference[seed] - 1 for seed in sorted(values.keys() & reference.keys())]
+
+
 def paired(values: dict[int, float], reference: dict[int, float]) -> str:
     """Mean and range of each seed's loss against the reference's of the same seed."""
-    diffs = [values[seed] / reference[seed] - 1 for seed in sorted(values.keys() & reference.keys())]
+    diffs = paired_diffs(values, reference)
     if not diffs:
         return "-"
     spread = f" ({min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f})" if len(diffs) > 1 else ""
@@ -208,8 +213,7 @@ def plot(data: dict[str, Any], out: Path) -> None:
                 continue
             _, dp = best(runs, size["name"], DP.label)
             _, losses = best(runs, size["name"], arm["label"])
-            gaps = [losses[seed] / dp[seed] - 1 for seed in sorted(losses.keys() & dp.keys())]
-            series.setdefault(arm["label"], []).append((size["params"], gaps))
+            series.setdefault(arm["label"], []).append((size["params"], paired_diffs(losses, dp)))
     title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"
     runner.gap_plot(series, out, title, "parameters")
 

@@ -78,3 +78,17 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[Any]]]:
         proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+E2E = Path(__file__).parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test by its group
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end tests (tests/e2e/) start real runs, clusters and learner processes and check
+    what they did in time (heartbeats, restarts, notices): pytest-xdist runs them one after another
+    on one worker, so no two of them share the cores, while the other workers take every other test
+    beside them."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.xdist_group("e2e"))

@@ -217,7 +217,10 @@ def _wait_screen(session: str, ok: Any, timeout_s: float, what: str) -> str:
 def test_live_view_of_a_real_run_shows_a_killed_learner(tmp_path):
     run_dir = tmp_path / "live"
     session = f"dlcstatus{os.getpid()}"
-    proc = start_train(str(TINY), f"run.dir={run_dir}", "run.max_steps=2000", "checkpoint.every_steps=1000")
+    # Paced: the run only has to last until the view has shown the kill and the restart; unpaced, its
+    # four learners would take both cores from the tests beside it all that time.
+    paced = "learners.step_time_s=0.2"
+    proc = start_train(str(TINY), f"run.dir={run_dir}", "run.max_steps=2000", "checkpoint.every_steps=1000", paced)
     try:
         # The view as `dlc status RUN` runs it, in a 130 x 50 terminal of a private tmux server.
         show = "import sys, pathlib; from dlc.observe.dashboard import show; show(pathlib.Path(sys.argv[1]))"

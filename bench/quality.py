@@ -21,8 +21,9 @@ The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
 with a Nesterov momentum of 0.9; `ladder` takes the gap apart from data-parallel to today's
 decoupled rung by rung (each rung adds one thing to the one before); `learners` runs M in
 `--counts`; `--arm` adds candidates on top of the mode's last arm. Each mode records its table in
-bench/RESULTS.md; `--cli` also trains the last arm's best setting through the real `dlc train` for
-seed 0 and reports how far the twin and the CLI agree.
+bench/RESULTS.md; `--cli` also trains an arm's best setting (the last arm's, or `--cli-arm`'s) at
+every size through the real `dlc train` for seed 0 and reports how far the twin and the CLI agree;
+with `--from-json` it trains only those, beside the twin's runs the file holds.
 """
 
 from __future__ import annotations
@@ -292,11 +293,18 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", help="directory for quality.json (default: a new temp dir)")
     ap.add_argument("--from-json", help="render the table from a quality.json instead of training")
-    ap.add_argument("--cli", action="store_true", help="also train the last arm's best setting with `dlc train`")
+    ap.add_argument("--cli", action="store_true", help="also train an arm's best setting with `dlc train` (seed 0)")
+    ap.add_argument("--cli-arm", help="the arm --cli trains (default: the mode's last); with --from-json, only that")
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
     ap.add_argument("--plot", default=str(PLOT), help="sizes mode: the plot of each arm's gap against the size")
     args = ap.parse_args()
-    data = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args)
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        if args.cli:  # the twin's runs are there: only the CLI's are trained
+            data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json).resolve().parent)
+            Path(args.from_json).write_text(json.dumps(data, indent=1))
+    else:
+        data = measure(args)
     title = {"sizes": "by model size", "ladder": "the ladder", "learners": "by number of learners"}
     text = table(data)
     if data["meta"]["mode"] == "sizes" and len(data["meta"]["sizes"]) > 1:
@@ -365,8 +373,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             tmp.write_text(json.dumps(data, indent=1))
             os.replace(tmp, root / "quality.json")
     if args.cli:
-        data["cli"] = [cli_row(size, arms[-1], data, args.global_batch, root) for size in sizes]
+        data["cli"] = cli_rows(data, args.cli_arm, root)
     return data
+
+
+def cli_rows(data: dict[str, Any], label: str | None, root: Path) -> list[dict[str, Any]]:
+    """Arm `label`'s best setting (default: the last arm's) at every size, through the real `dlc train`."""
+    meta = data["meta"]
+    arms = [Arm(**{**a, "overrides": tuple(a["overrides"])}) for a in meta["arms"]]
+    chosen = next((a for a in arms if a.label == label), None) if label else arms[-1]
+    if chosen is None:
+        raise SystemExit(f"--cli-arm {label!r}: no such arm; the arms are {[a.label for a in arms]}")
+    sizes = [Size(**s) for s in meta["sizes"]]
+    return [cli_row(size, chosen, data, meta["global_batch"], root) for size in sizes]
 
 
 def cli_row(size: Size, arm: Arm, data: dict[str, Any], global_batch: int, root: Path) -> dict[str, Any]:

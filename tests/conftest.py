@@ -83,12 +83,25 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[Any]]]:
 E2E = Path(__file__).parent / "e2e"
 
 
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """Where pytest-xdist is not installed (a GPU machine with only the packed packages), the
+    options pyproject.toml gives it are accepted and the suite runs in one process."""
+    if pluginmanager.has_plugin("xdist"):
+        return
+    group = parser.getgroup("xdist", "pytest-xdist is not installed: the suite runs in one process")
+    group.addoption("--numprocesses", dest="numprocesses", help="ignored without pytest-xdist")
+    group.addoption("--maxprocesses", dest="maxprocesses", help="ignored without pytest-xdist")
+    group.addoption("--dist", dest="dist", help="ignored without pytest-xdist")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test by its group
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The end-to-end tests (tests/e2e/) start real runs, clusters and learner processes and check
     what they did in time (heartbeats, restarts, notices): pytest-xdist runs them one after another
     on one worker, so no two of them share the cores, while the other workers take every other test
     beside them."""
+    if not config.pluginmanager.has_plugin("xdist"):
+        return
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.xdist_group("e2e"))

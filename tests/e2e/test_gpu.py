@@ -48,8 +48,11 @@ def kinds(run_dir: Path) -> list[str]:
 
 def test_a_machine_with_only_jax_and_the_packed_packages_collects_the_gpu_tests_and_trains(tmp_path):
     site = without_packages(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(REPO)])}
-    code = "import sys, pytest; sys.exit(pytest.main(['--collect-only', '-q', '-m', 'gpu', '-p', 'no:cacheprovider']))"
+    # Of pytest's plugins, only pytest-timeout is packed: no pytest-xdist, whose options the suite's
+    # configuration gives (tests/conftest.py accepts them without it).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, str(REPO)]), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    args = ["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-p", "pytest_timeout"]
+    code = f"import sys, pytest; sys.exit(pytest.main({args!r}))"
     collected = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )

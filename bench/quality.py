@@ -302,7 +302,7 @@ def main() -> None:
         data = json.loads(Path(args.from_json).read_text())
         if args.cli:  # the twin's runs are there: only the CLI's are trained
             data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json).resolve().parent)
-            Path(args.from_json).write_text(json.dumps(data, indent=1))
+            save(data, Path(args.from_json))
     else:
         data = measure(args)
     title = {"sizes": "by model size", "ladder": "the ladder", "learners": "by number of learners"}
@@ -369,12 +369,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             result = future.result()
             data["runs"].append({"size": size_name, "arm": label, "lr": lr, "seed": seed, **result})
             say(f"{size_name} {label} lr {lr:g} seed {seed}: {result['loss']:.4f} in {result['wall_s']:.0f} s")
-            tmp = root / ".quality.json.tmp"
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, root / "quality.json")
+            save(data, root / "quality.json")
     if args.cli:
         data["cli"] = cli_rows(data, args.cli_arm, root)
     return data
+
+
+def save(data: dict[str, Any], path: Path) -> None:
+    """Write the sweep's record whole or not at all: a kill mid-write keeps the runs recorded before."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 def cli_rows(data: dict[str, Any], label: str | None, root: Path) -> list[dict[str, Any]]:

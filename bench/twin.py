@@ -67,6 +67,7 @@ def train_twin(
     from dlc.config.load import load_recipe
     from dlc.data.corpus import load_corpus, split_corpus
     from dlc.data.plan import DataPlan
+    from dlc.run import events
 
     t0 = time.monotonic()
     recipe = load_recipe(recipe_path, list(overrides))
@@ -87,10 +88,10 @@ def train_twin(
     weights: list[list[float]] = [[] for _ in range(count)]  # every round's weight of each learner
     contributors, staleness = [], []
     for event in run.syncer.events:
-        if event["kind"] == "round_closed":
-            staleness += event["staleness"]
-            contributors.append(len(event["contributors"]))
-            given = dict(zip(event["contributors"], event["weights"], strict=True))
+        if isinstance(event, events.RoundClosed):
+            staleness += event.staleness or []
+            contributors.append(len(event.contributors))
+            given = dict(zip(event.contributors, event.weights, strict=True))
             for learner in range(count):
                 weights[learner].append(given.get(learner, 0.0))
     trained = [learner.step * t for learner, t in zip(run.learners, per_step, strict=True)]

@@ -13,6 +13,7 @@ from dlc.engine.syncer.journal import check_journal
 from dlc.observe.console import ProgressView
 from dlc.observe.trackers import check_trackers, default_trackers
 from dlc.plan.memory import check_fits, fragment_plan
+from dlc.run import events
 from dlc.run.files import syncer_journal_path
 from dlc.run.rundir import Claim, RunDir
 
@@ -69,20 +70,21 @@ def run(
                 cluster.stop_cluster()
                 raise
             rundir.event(
-                "run_started",
-                run_dir=str(rundir.path),
-                storage=rundir.storage.location,
-                data=recipe.data.path or recipe.data.source,
-                tokenizer=data.tokenizer,
-                train_tokens=data.train_tokens,
-                eval_tokens=data.eval_tokens,
-                eval_bytes_per_token=round(data.bytes_per_token, 4),
-                learners=recipe.learners.count,
-                algorithm=recipe.algorithm,
-                resumed=layout.resume,
+                events.RunStarted(
+                    run_dir=str(rundir.path),
+                    storage=rundir.storage.location,
+                    data=recipe.data.path or recipe.data.source,
+                    tokenizer=data.tokenizer,
+                    train_tokens=data.train_tokens,
+                    eval_tokens=data.eval_tokens,
+                    eval_bytes_per_token=round(data.bytes_per_token, 4),
+                    learners=recipe.learners.count,
+                    algorithm=recipe.algorithm,
+                    resumed=layout.resume,
+                )
             )
             if cache is not None:
-                rundir.event("compile_cache", **cache)
+                rundir.event(events.CompileCache(**cache))
             try:
                 return Driver(recipe, rundir, layout.resume, data, view, chaos_plan, started).run(interrupts)
             finally:

@@ -19,8 +19,8 @@ from tests.helpers import STEPS, TINY, run_cli
 # Before any test imports JAX: several processes share 2 cores in CI.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Every event a test's run writes is checked against its declaration in dlc/run/events.py: one the
-# code writes and the catalog does not declare fails the run (inherited by the processes tests start).
+# Every event a test's run writes is checked against its record's field types (dlc/run/events/): one
+# written with a field of the wrong type fails the run (inherited by the processes tests start).
 os.environ["DLC_CHECK_EVENTS"] = "1"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlc.config.load import dump_recipe, load_recipe
+from dlc.run import events
 from tests.helpers import TINY
 
 T0 = 1_800_000_000.0  # run start, unix seconds
@@ -25,6 +26,7 @@ ELAPSED_S = 100.0
 BYTES_UP = 3_512_320
 BYTES_DOWN = 10 * 2**20
 NOW = T0 + ELAPSED_S + 0.5  # half a second after the fixture's last status.json
+NODE_ID = "aaaaaa11" * 7  # the one node's Ray id
 
 
 def dead_pid() -> int:
@@ -83,21 +85,90 @@ def status(state: str = "running", updated_at: float = T0 + ELAPSED_S, **fields:
     } | fields
 
 
-def events() -> list[dict[str, Any]]:
-    """Start, then for each learner one push per step, and one round closing per push."""
-    out: list[dict[str, Any]] = [
-        {"t": T0, "kind": "run_started", "learners": 4},
-        {"t": T0 + 1, "kind": "cluster_started", "address": "embedded", "nodes": ["127.0.0.1"]},
+def logged() -> list[events.Event]:
+    """Start, then for each learner one push per step, and one round closing per push (each learner's
+    push merged alone, a version behind: staleness 1); learner 2 has two pushes rejected."""
+    out: list[events.Event] = [
+        events.RunStarted(
+            t=T0,
+            run_dir="runs/tiny",
+            storage="runs/tiny",
+            algorithm="decoupled",
+            learners=4,
+            data="stdlib",
+            tokenizer="bytes",
+            train_tokens=1_000_000,
+            eval_tokens=50_000,
+            eval_bytes_per_token=1.0,
+            resumed=False,
+        ),
+        events.ClusterStarted(
+            t=T0 + 1,
+            address="embedded",
+            driver_node=NODE_ID,
+            nodes=[{"node_id": NODE_ID, "ip": "127.0.0.1", "host": "localhost", "head": True}],
+        ),
     ]
-    out += [{"t": T0 + 10, "kind": "learner_started", "learner": i, "pid": os.getpid()} for i in range(4)]
+    out += [
+        events.LearnerStarted(
+            t=T0 + 10,
+            learner=i,
+            pid=os.getpid(),
+            platform="cpu",
+            device_kind="cpu",
+            device="cpu",
+            node="127.0.0.1",
+            node_id=NODE_ID,
+            allocator="kept, one arena",
+        )
+        for i in range(4)
+    ]
+    versions = [1] * 24  # each fragment's version
     for step in range(1, 101):
         t = T0 + 20 + 0.8 * (step - 1)  # 100 steps from t0+20 s to t0+99.2 s
+        p = step % 24
         for i in range(4):
-            out.append({"t": t, "kind": "push_accepted", "learner": i, "fragment": step % 24, "bytes": BYTES_UP // 400})
-            out.append({"t": t, "kind": "round_closed", "fragment": step % 24, "contributors": [i], "staleness": [1]})
-            out[-1]["tokens"] = [24 * 1024]  # 24 fragments: a step's tokens reach 24 rounds
-    out.append({"t": T0 + 50, "kind": "push_rejected", "learner": 2, "reason": "norm_outlier", "detail": "x"})
-    out.append({"t": T0 + 60, "kind": "push_rejected", "learner": 2, "reason": "norm_outlier", "detail": "x"})
+            # 24 fragments: a push carries the 24 steps since its fragment was last sent, its round their tokens.
+            version = versions[p]
+            out.append(
+                events.PushAccepted(
+                    t=t,
+                    learner=i,
+                    fragment=p,
+                    seq=step,
+                    base_version=version - 1,
+                    version=version,
+                    bytes=BYTES_UP // 400,
+                    steps=24,
+                )
+            )
+            out.append(
+                events.RoundClosed(
+                    t=t,
+                    fragment=p,
+                    version=version + 1,
+                    contributors=[i],
+                    weights=[1.0],
+                    tokens=[24 * 1024],
+                    seqs=[step],
+                    staleness=[1],
+                )
+            )
+            versions[p] += 1
+    for t, seq in ((T0 + 50, 38), (T0 + 60, 51)):
+        out.append(
+            events.PushRejected(
+                t=t,
+                learner=2,
+                fragment=seq % 24,
+                seq=seq,
+                base_version=2,
+                version=3,
+                steps=24,
+                reason="norm_outlier",
+                detail="norm per step 41.2 vs median 3.1: more than 10x larger",
+            )
+        )
     return out
 
 
@@ -126,7 +197,7 @@ def make_run(
     path.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(TINY, ["learners.count=4", f"run.dir={path}"])
     (path / "recipe.yaml").write_text(dump_recipe(recipe))
-    write_jsonl(path / "events.jsonl", events(), events_tail)
+    write_jsonl(path / "events.jsonl", [e.record() for e in logged()], events_tail)
     write_jsonl(path / "metrics.jsonl", metrics())
     (path / "status.json").write_text(json.dumps(status() if status_obj is None else status_obj))
     if summary is not None:

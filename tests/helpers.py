@@ -271,3 +271,21 @@ def twin_recipe(learners=2, **syncer) -> Recipe:
             "eval": {"batches": 2, "batch_size": 8},
         }
     )
+
+
+def run_started(run_dir: Path) -> Any:
+    """A `run_started` record for a run directory a test writes by hand (the driver's first event)."""
+    from dlc.run import events
+
+    return events.RunStarted(
+        run_dir=str(run_dir),
+        storage=str(run_dir),
+        algorithm="decoupled",
+        learners=4,
+        data=None,
+        tokenizer="bytes",
+        train_tokens=100_000,
+        eval_tokens=10_000,
+        eval_bytes_per_token=1.0,
+        resumed=False,
+    )

@@ -27,7 +27,7 @@ import pytest
 from dlc.config.load import dump_recipe, load_recipe, replaced_overrides
 from dlc.errors import UserError
 from dlc.run.files import CHECKPOINT_DIR, syncer_journal_path
-from tests.helpers import REPO, TINY, assert_user_error, invoke, marked_storage, run_cli, snapshot
+from tests.helpers import REPO, TINY, assert_user_error, invoke, marked_storage, run_cli, run_started, snapshot
 
 GIB = 2**30
 
@@ -478,14 +478,14 @@ def test_only_a_directory_without_an_earlier_run_is_written_before_the_run_start
     from dlc.run.rundir import RunDir
 
     new, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, tmp_path / "new")), fresh=False)
-    new.event("run_started")
+    new.event(run_started(tmp_path / "new"))
     assert not resume and (tmp_path / "new" / "recipe.yaml").is_file()  # dlc status sees it starting
     assert "run_started" in (tmp_path / "new" / "events.jsonl").read_text()
     new.close()
 
     before = snapshot(run_copy)
     old, resume = RunDir.prepare(load_recipe(TINY, train_overrides(corpus, run_copy)), fresh=False)
-    old.event("run_started")
+    old.event(run_started(run_copy))
     # Held until the engine has started; only the storage's marker is new (learners check they see it),
     # and a refused start puts it back.
     changed = {k for k in snapshot(run_copy).keys() | before.keys() if snapshot(run_copy).get(k) != before.get(k)}

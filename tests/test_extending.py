@@ -151,6 +151,7 @@ import csv
 from pathlib import Path
 from dlc.config.load import load_recipe
 from dlc.observe.trackers import Trackers, check_trackers
+from dlc.run import events
 
 run_dir = Path("run")
 run_dir.mkdir()
@@ -159,7 +160,7 @@ check_trackers(recipe)
 said = []
 trackers = Trackers.open(recipe, run_dir, said.append)
 trackers.metric({"kind": "train", "t": 100.0, "learner": 1, "step": 7, "loss": 2.5})
-trackers.event({"kind": "learner_died", "t": 101.0, "learner": 1})
+trackers.event(events.LearnerDied(t=101.0, learner=1, step=7, data_position=56, pid=None))
 trackers.close()
 rows = list(csv.reader((run_dir / "tracker.csv").open()))
 assert rows[0] == ["t", "series", "step", "axis", "value"], rows
@@ -274,3 +275,41 @@ def test_an_outer_step_is_a_section_and_a_class(tmp_path):
         },
     )
     assert run_in(copy, OUTER_CHECK).startswith("ok")
+
+
+EVENT_CHECK = """
+import json, os
+from pathlib import Path
+from dlc.run import events
+from dlc.run.rundir import RunDir
+
+os.environ[events.CHECK_VARIABLE] = "1"  # as in the test suite: each record is checked as it is written
+rundir = RunDir(Path("run"), recipe_text="")
+rundir.path.mkdir()
+rundir.begin()
+rundir.event(events.DataWrapped(learner=1, step=4000, epoch=2))
+rundir.close()
+(line,) = [json.loads(text) for text in Path("run/events.jsonl").read_text().splitlines()]
+assert events.parse(line) == events.DataWrapped(t=line["t"], learner=1, step=4000, epoch=2), line
+assert "| `data_wrapped` | `learner` integer, `step` integer, `epoch` integer |" in events.catalog_markdown()
+assert events.wrong(events.DataWrapped(learner=1, step="late", epoch=2)).startswith("event data_wrapped: step")
+print("ok")
+"""
+
+
+def test_an_event_kind_is_one_record_and_its_export(tmp_path):
+    (record,) = section_code("An event kind")
+    name = re.search(r"^class (\w+)\(Event\)", record, re.M).group(1)  # the name the page says to export
+    copy = apply_example(
+        tmp_path,
+        {},
+        {
+            "dlc/run/events/lifecycle.py": lambda text: text.rstrip("\n") + "\n\n\n" + record,
+            "dlc/run/events/__init__.py": lambda text: replace_line(
+                insert(text, "from dlc.run.events.lifecycle import (", f"    {name},\n"),
+                "__all__ = [",
+                f'__all__ = [\n    "{name}",',
+            ),
+        },
+    )
+    assert run_in(copy, EVENT_CHECK).startswith("ok")

@@ -10,6 +10,7 @@ import numpy as np
 
 from dlc.config.schema import Recipe
 from dlc.core.fragments import FragmentPlan, shapes_of
+from dlc.run import events
 
 if TYPE_CHECKING:
     from dlc.core.learner import Learner
@@ -30,11 +31,11 @@ class NoSync:
     def __init__(self, recipe: Recipe, learner: Learner, *args: Any) -> None:
         self.learner = learner
 
-    def step(self, stop: threading.Event) -> list[dict[str, Any]]:
+    def step(self, stop: threading.Event) -> list[events.Event]:
         self.learner.train_step()
         return []
 
-    def after_step(self) -> list[dict[str, Any]]:
+    def after_step(self) -> list[events.Event]:
         return []
 
     def receive(self, message: Any) -> None:
@@ -46,7 +47,7 @@ class NoSync:
     def start_background(self) -> None:
         """Nothing runs off the loop's thread here."""
 
-    def push_outstanding(self) -> list[dict[str, Any]]:
+    def push_outstanding(self) -> list[events.Event]:
         return []
 
     def unpushed_steps(self) -> float:

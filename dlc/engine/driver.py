@@ -22,6 +22,7 @@ from dlc.engine.syncer.evaluations import Evaluations
 from dlc.engine.syncer.reports import SyncerReports
 from dlc.observe.console import ProgressView
 from dlc.observe.snapshot import RunView, Snapshots
+from dlc.run import events
 from dlc.run.files import GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json
 from dlc.run.rundir import RunDir
 
@@ -93,7 +94,7 @@ class Driver:
                 recipe.cluster, recipe.cpus_reserved(), devices.embedded_env(recipe)
             )
             interrupts.claim()
-        self.rundir.event("cluster_started", **self.cluster_info)
+        self.rundir.event(events.ClusterStarted(**self.cluster_info))
         try:
             self._launch()
             # Every actor has started and restored: only now does the run directory change, so a
@@ -125,10 +126,11 @@ class Driver:
                     chaos[1].set()
                     report = chaos[0].report
                     self.rundir.event(
-                        "chaos_finished",
-                        fired={k.name.lower(): v for k, v in report.fired.items()},
-                        refused={k.name.lower(): v for k, v in report.refused.items()},
-                        stopped_because=report.stopped_because,
+                        events.ChaosFinished(
+                            fired={k.name.lower(): v for k, v in report.fired.items()},
+                            refused={k.name.lower(): v for k, v in report.refused.items()},
+                            stopped_because=report.stopped_because,
+                        )
                     )
                 ending, code = ("interrupted", interrupts.exit_code) if interrupts.requested else ("completed", 0)
                 if self.failure:
@@ -147,7 +149,7 @@ class Driver:
             summary = self._summary(status)
             self.rundir.write_status(self._snapshot(status))
             self.rundir.write_summary(summary)
-            self.rundir.event("run_finished", status=status, tokens=summary["tokens_total"])
+            self.rundir.event(events.RunFinished(status=status, tokens=summary["tokens_total"]))
             self.rundir.observe(None)
             self.trackers.close()
             self._release()
@@ -175,7 +177,7 @@ class Driver:
             storage_usable([ray.get(syncer_storage)])
             restored = ray.get(self.syncer.restore.remote())
         if restored:
-            rundir.event("syncer_restored", **restored)
+            rundir.event(events.SyncerRestored(**restored))
         self.evaluator = processes.evaluator(self.data.eval)
 
         # New processes push to the syncer of the moment: it may have been restarted since the launch.
@@ -215,7 +217,7 @@ class Driver:
             for i, where in enumerate(ray.get(restores)):
                 self.supervisor.restarts[i] = where["incarnation"]  # restarts before the stop count too
                 resumed[i] = {"step": where["step"], "data_position": where["data_position"]}
-                rundir.event("run_resumed", learner=i, **where)
+                rundir.event(events.RunResumed(learner=i, **where))
                 self.view.message(
                     f"learner {i} resumed at step {where['step']} (data position {where['data_position']})"
                     if where["checkpoint"]
@@ -232,12 +234,9 @@ class Driver:
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):
             rundir.event(
-                "learner_started",
-                learner=i,
-                pid=pid,
-                node=placed[i]["ip"],
-                node_id=placed[i]["node_id"],
-                **device_infos[i],
+                events.LearnerStarted(
+                    learner=i, pid=pid, node=placed[i]["ip"], node_id=placed[i]["node_id"], **device_infos[i]
+                )
             )
             self.supervisor.add(i, self.learners[i], streams[i], pid, since=self.started_monotonic)
             # Where a learner that dies before its first report goes on from: its checkpoint's place.
@@ -287,11 +286,11 @@ class Driver:
         self.supervisor.file_time()
         for i, final in self.supervisor.stop_all(timeout_s=120, absorb=self._absorb_learner):
             if final is None:
-                self.rundir.event("learner_stopped", learner=i, reason="unresponsive_at_end")
+                self.rundir.event(events.LearnerStopped(learner=i, reason="unresponsive_at_end"))
                 continue
             self._absorb_learner(i, final)
             self.supervisor.slots[i].view = final["snapshot"]
-            self.rundir.event("learner_stopped", learner=i, step=final["snapshot"]["step"], reason="run_end")
+            self.rundir.event(events.LearnerStopped(learner=i, step=final["snapshot"]["step"], reason="run_end"))
         finished = self.syncer_reports.finish(self.syncer, self.supervisor)
         self.failure = self.syncer_reports.failure or self.failure
         if self.has_global_model:
@@ -312,10 +311,10 @@ class Driver:
 
     def _absorb_learner(self, index: int, result: dict[str, Any]) -> None:
         for event in result["events"]:
-            self.rundir.event(**event)
-            if event["kind"] == "profile_written":
-                first, last = event["steps"]
-                self.view.message(f"learner {index}: profile of steps {first}-{last} in {event['dir']}")
+            self.rundir.event(event)
+            if isinstance(event, events.ProfileWritten):
+                first, last = event.steps
+                self.view.message(f"learner {index}: profile of steps {first}-{last} in {event.dir}")
         for metric in result["metrics"]:
             self._metric(**metric)
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from dlc.observe.console import fmt_duration
+from dlc.run import events
 from dlc.run.files import (
     CHAOS_FILE,
     EVENTS_FILE,
@@ -32,7 +33,13 @@ from dlc.run.files import (
 # A running run whose status.json is older than this has lost its driver (it rewrites ~1/s).
 STALE_AFTER_S = 15.0
 FEED_LINES = 6  # chaos entries kept for the feed
-LIFECYCLE_KINDS = ("learner_died", "learner_restarted", "learner_rejoined", "learner_recovered", "learner_left")
+LIFECYCLE = (
+    events.LearnerDied,
+    events.LearnerRestarted,
+    events.LearnerRejoined,
+    events.LearnerRecovered,
+    events.LearnerLeft,
+)
 
 
 # -- reading a run directory ----------------------------------------------------------------------
@@ -55,20 +62,26 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def lifecycle_entry(event: dict[str, Any]) -> dict[str, Any] | None:
+def lifecycle_entry(event: events.Event) -> dict[str, Any] | None:
     """A learner's death or recovery in events.jsonl as a feed entry like chaos.jsonl's, or None.
 
     These stand in for chaos.jsonl when a run has none: a process killed from outside chaos.
     """
-    kind, learner = str(event.get("kind", "")), event.get("learner")
-    if kind not in LIFECYCLE_KINDS or not isinstance(learner, int):
+    if not isinstance(event, LIFECYCLE):
         return None
-    extras = {k: v for k, v in event.items() if k not in ("kind", "learner") and _num(v) is not None}
-    phase = kind.removeprefix("learner_")
-    return {**extras, "fault": "unplanned", "target": f"learner {learner}", "learner": learner, "phase": phase}
+    extras = {k: v for k, v in event.fields().items() if k != "learner" and _num(v) is not None}
+    learner, phase = event.learner, event.kind.removeprefix("learner_")
+    return {
+        "t": event.t,
+        **extras,
+        "fault": "unplanned",
+        "target": f"learner {learner}",
+        "learner": learner,
+        "phase": phase,
+    }
 
 
-def voided(events: list[dict[str, Any]]) -> set[int]:
+def voided(logged: list[events.Event]) -> set[int]:
     """Indices of the `push_accepted` and `round_closed` records that a later `push_lost` or `round_lost` takes back.
 
     A syncer that dies, or a run that stops, loses what its restored state does not hold. The
@@ -76,17 +89,16 @@ def voided(events: list[dict[str, Any]]) -> set[int]:
     and one `round_lost` for each logged round lost. Each cancels the latest earlier record of the
     same push (learner, seq) or round (fragment, version). What is left counts each push and round once.
     """
-    latest: dict[tuple[str, Any, Any], int] = {}
+    latest: dict[tuple[str, int, int], int] = {}
     out: set[int] = set()
-    for i, event in enumerate(events):
-        kind = event.get("kind")
-        if kind in ("push_accepted", "push_lost"):
-            key = ("push", event.get("learner"), event.get("seq"))
-        elif kind in ("round_closed", "round_lost"):
-            key = ("round", event.get("fragment"), event.get("version"))
+    for i, event in enumerate(logged):
+        if isinstance(event, events.PushAccepted | events.PushLost):
+            key = ("push", event.learner, event.seq)
+        elif isinstance(event, events.RoundClosed | events.RoundLost):
+            key = ("round", event.fragment, event.version)
         else:
             continue
-        if kind in ("push_accepted", "round_closed"):
+        if isinstance(event, events.PushAccepted | events.RoundClosed):
             latest[key] = i
         elif (taken := latest.pop(key, None)) is not None:
             out.add(taken)
@@ -146,22 +158,18 @@ class RunReader:
         if any(batch is None for batch in batches):
             self._reset()
             batches = [tail.read() or [] for tail in (self.events, self.metrics, self.chaos)]
-        events, metrics, chaos = (batch or [] for batch in batches)
-        for e in events:
-            kind, learner = e.get("kind"), e.get("learner")
-            started = kind in ("learner_started", "learner_training")
-            if started and isinstance(learner, int) and isinstance(e.get("device"), str):
-                self.devices[learner] = e["device"]
-            if kind == "cluster_started":
-                self.embedded = e.get("address") == "embedded"
-            elif kind == "push_rejected" and isinstance(learner, int):
-                self.rejected[learner] += 1
+        logged, metrics, chaos = (batch or [] for batch in batches)
+        for e in events.parse_all(logged):
+            if isinstance(e, events.LearnerStarted | events.LearnerTraining) and e.device is not None:
+                self.devices[e.learner] = e.device
+            if isinstance(e, events.ClusterStarted):
+                self.embedded = e.address == "embedded"
+            elif isinstance(e, events.PushRejected):
+                self.rejected[e.learner] += 1
             elif (entry := lifecycle_entry(e)) is not None:
                 self.lifecycle.append(entry)
-            elif kind == "round_closed":
-                for who, stale in zip(e.get("contributors") or [], e.get("staleness") or [], strict=False):
-                    if isinstance(who, int) and isinstance(stale, int):
-                        self.staleness[who] = stale
+            elif isinstance(e, events.RoundClosed):
+                self.staleness.update(zip(e.contributors, e.staleness or [], strict=False))
         for m in metrics:
             t, loss = _num(m.get("t")), _num(m.get("loss"))
             if m.get("kind") == "eval" and t is not None and _num(m.get("eval_loss")) is not None:

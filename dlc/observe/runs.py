@@ -15,6 +15,7 @@ import numpy as np
 
 from dlc.observe.reader import device_summary, lifecycle_entry, read_recipe, voided
 from dlc.observe.timeline import Interval, learner_intervals, window_for, windowed_goodput
+from dlc.run import events
 from dlc.run.files import CHAOS_FILE, EVENTS_FILE, METRICS_FILE, STATUS_FILE, SUMMARY_FILE, read_json, read_jsonl
 
 
@@ -56,17 +57,18 @@ class RunData:
 def load_run(path: Path, label: str) -> RunData:
     summary, status = read_json(path / SUMMARY_FILE), read_json(path / STATUS_FILE) or {}
     run = RunData(path, label, read_recipe(path), summary or status)
-    events, _ = read_jsonl(path / EVENTS_FILE)
+    # Every record written has its `t`: one without (not a run directory's line) is left out.
+    logged = [e for e in events.parse_all(read_jsonl(path / EVENTS_FILE)[0]) if e.t is not None]
     metrics, _ = read_jsonl(path / METRICS_FILE)
     run.chaos, _ = read_jsonl(path / CHAOS_FILE)
     if not run.chaos:  # no chaos: deaths and recoveries of learners killed from outside
-        run.chaos = [entry for e in events if (entry := lifecycle_entry(e)) is not None]
-    starts = [e["t"] for e in events if e.get("kind") == "run_started" and isinstance(e.get("t"), int | float)]
+        run.chaos = [entry for e in logged if (entry := lifecycle_entry(e)) is not None]
+    starts = [e.t for e in logged if isinstance(e, events.RunStarted) and e.t is not None]
     stamps = [m["t"] for m in metrics if isinstance(m.get("t"), int | float)]
-    started = next((e for e in reversed(events) if e.get("kind") == "run_started" and e.get("tokenizer")), None)
+    started = next((e for e in reversed(logged) if isinstance(e, events.RunStarted) and e.tokenizer), None)
     if started is not None:
         vocab = (run.recipe.get("model") or {}).get("vocab_size")
-        run.data = f"{started.get('data')} ({started['tokenizer']}" + (f", {vocab:,} tokens)" if vocab else ")")
+        run.data = f"{started.data} ({started.tokenizer}" + (f", {vocab:,} tokens)" if vocab else ")")
     run.t0 = min(starts or stamps or [0.0])
     for m in metrics:
         if not isinstance(m.get("t"), int | float):
@@ -79,40 +81,38 @@ def load_run(path: Path, label: str) -> RunData:
             run.goodput.append((m["t"], m["goodput"]))
             if isinstance(m.get("productive_s"), int | float) and isinstance(m.get("allocated_s"), int | float):
                 run.ledger.append((m["t"], m["productive_s"], m["allocated_s"]))
-    started = {e.get("learner"): e["device"] for e in events if e.get("kind") == "learner_started" and "device" in e}
-    run.devices = device_summary(list(started.values()))
+    started_on = {e.learner: e.device for e in logged if isinstance(e, events.LearnerStarted) and e.device}
+    run.devices = device_summary(list(started_on.values()))
     fragments = int((run.recipe.get("syncer") or {}).get("fragments") or 1)
     # The learners' view of what they sent; older logs have only the syncer's (net of lost acceptances).
-    sent_kind = "push_sent" if any(e.get("kind") == "push_sent" for e in events) else "push_accepted"
+    sent_kind = events.PushSent if any(isinstance(e, events.PushSent) for e in logged) else events.PushAccepted
     pending: set[int] = set()  # learners started and not yet seen pushing
     # Acceptances and rounds a syncer's death (or a stop) lost: the push is accepted again, the round made again.
-    void = voided(events)
-    for i, e in enumerate(events):
-        kind, t, learner = e.get("kind"), e.get("t"), e.get("learner")
-        if not isinstance(t, int | float):
-            continue
-        if kind == "round_closed" and i not in void:
+    void = voided(logged)
+    for i, e in enumerate(logged):
+        t = e.t or 0.0
+        if isinstance(e, events.RoundClosed) and i not in void:
             # Each fragment's round carries the tokens since that fragment was last sent, so one
             # step's tokens reach P rounds: tokens / P is the progress merged.
-            run.merged.append((t, sum(x for x in e.get("tokens") or [] if isinstance(x, int | float)) / fragments))
-        elif kind == sent_kind and isinstance(e.get("bytes"), int) and i not in void:
-            run.sent.append((t, e["bytes"]))
-        elif kind in ("run_resumed", "learner_stopped") and isinstance(learner, int) and isinstance(e.get("step"), int):
-            run.steps.setdefault(learner, []).append((t, e["step"]))
-        if kind == "learner_started" and isinstance(learner, int):
-            pending.add(learner)
-        elif kind in ("push_sent", "push_accepted", "push_rejected") and learner in pending:
+            run.merged.append((t, sum(e.tokens) / fragments))
+        elif isinstance(e, sent_kind) and i not in void:
+            run.sent.append((t, e.bytes))
+        elif isinstance(e, events.RunResumed | events.LearnerStopped) and e.step is not None:
+            run.steps.setdefault(e.learner, []).append((t, e.step))
+        if isinstance(e, events.LearnerStarted):
+            pending.add(e.learner)
+        elif isinstance(e, events.PushSent | events.PushAccepted | events.PushRejected) and e.learner in pending:
             # A learner's first push marks when it began stepping (compilation comes first), even
             # an acceptance lost later with the syncer.
-            pending.discard(learner)
-            rows = run.steps.setdefault(learner, [])
+            pending.discard(e.learner)
+            rows = run.steps.setdefault(e.learner, [])
             rows.append((t, rows[-1][1] if rows else 0))
     for learner, records in run.train.items():
         run.steps.setdefault(learner, []).extend((m["t"], int(m.get("step") or 0)) for m in records)
     for rows in run.steps.values():
         rows.sort()
-    stamps = [x["t"] for x in [*events, *metrics] if isinstance(x.get("t"), int | float)]
-    run.intervals = learner_intervals(events, max(stamps, default=run.t0))
+    stamps += [e.t for e in logged if e.t is not None]
+    run.intervals = learner_intervals(logged, max(stamps, default=run.t0))
     return run
 
 

@@ -11,28 +11,34 @@ that recovers, where the cumulative figure would barely move. The states come fr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-# events.jsonl kinds -> the state a learner is in from then on (None: no longer part of the run).
-STATE_AFTER = {
-    "learner_started": "starting",
-    "learner_joining": "restarting",  # a joiner starts a process, then copies a peer like a restart
-    "learner_training": "training",
-    "learner_died": "restarting",  # the engine saw the process gone and starts a new one at once
-    "learner_lost": "dead",  # no live node can hold it: not restarted
-    "learner_preempted": "preempted",  # left on a notice, its progress pushed: a new process starts
-    "learner_restarted": "rejoining",  # a process is up: copying state, then its first step
-    "learner_stalled": "stalled",
-    "learner_thawed": "training",
-    "learner_finished": None,
-    "learner_left": None,
-    "learner_stopped": None,
+from dlc.run import events
+
+# Events of a learner -> the state it is in from then on (None: no longer part of the run).
+STATE_AFTER: dict[type[events.Event], str | None] = {
+    events.LearnerStarted: "starting",
+    events.LearnerJoining: "restarting",  # a joiner starts a process, then copies a peer like a restart
+    events.LearnerTraining: "training",
+    events.LearnerDied: "restarting",  # the engine saw the process gone and starts a new one at once
+    events.LearnerLost: "dead",  # no live node can hold it: not restarted
+    events.LearnerPreempted: "preempted",  # left on a notice, its progress pushed: a new process starts
+    events.LearnerRestarted: "rejoining",  # a process is up: copying state, then its first step
+    events.LearnerStalled: "stalled",
+    events.LearnerThawed: "training",
+    events.LearnerFinished: None,
+    events.LearnerLeft: None,
+    events.LearnerStopped: None,
 }
 # A hot spare's events -> its state from then on: started, then compiled and idle ("spare") until
 # it takes a slot (its work goes on in that learner's row) or dies.
-SPARE_STATE_AFTER = {"spare_started": "starting", "spare_ready": "spare", "spare_taken": None, "spare_died": None}
+SPARE_STATE_AFTER: dict[type[events.Event], str | None] = {
+    events.SpareStarted: "starting",
+    events.SpareReady: "spare",
+    events.SpareTaken: None,
+    events.SpareDied: None,
+}
 # Faults chaos injected (events.jsonl "chaos" records) -> the state they put their learner in at
 # once, before the engine notices (a death is seen within a second, a stall after the heartbeat timeout).
 INJECTED = {"kill": "dead", "stall": "stalled", "preempt": "leaving"}
@@ -48,7 +54,7 @@ class Interval:
     state: str
 
 
-def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval]:
+def learner_intervals(logged: list[events.Event], end: float) -> list[Interval]:
     """Each learner's states from events.jsonl, as consecutive intervals up to `end`; a hot spare's
     (named by its name) from its start until it takes a slot.
 
@@ -79,38 +85,38 @@ def learner_intervals(events: list[dict[str, Any]], end: float) -> list[Interval
                 if current.get(who, (0.0, ""))[1] == state:
                     switch(who, until, "slow" if slowed.get(who, 0.0) > until else "training")
 
-    for e in sorted((e for e in events if isinstance(e.get("t"), int | float)), key=lambda e: e["t"]):
-        kind, learner, t = e.get("kind"), e.get("learner"), float(e["t"])
-        if kind in ("syncer_died", "syncer_restarted"):
-            switch(SYNCER, t, "restarting" if kind == "syncer_died" else None)
+    for e in sorted((e for e in logged if e.t is not None), key=lambda e: e.t or 0.0):
+        t = e.t or 0.0
+        if isinstance(e, events.SyncerDied | events.SyncerRestarted):
+            switch(SYNCER, t, "restarting" if isinstance(e, events.SyncerDied) else None)
             continue
-        if kind in SPARE_STATE_AFTER and isinstance(e.get("spare"), str):
-            switch(e["spare"], t, SPARE_STATE_AFTER[kind])
+        if type(e) in SPARE_STATE_AFTER and isinstance(spare := getattr(e, "spare", None), str):
+            switch(spare, t, SPARE_STATE_AFTER[type(e)])
             continue
-        if kind in ("node_killed", "node_draining"):  # every learner on one node at once
-            for victim in e.get("learners") or []:
+        if isinstance(e, events.NodeKilled | events.NodeDraining):  # every learner on one node at once
+            for victim in e.learners:
                 if victim in current:  # a learner the log has seen start
-                    switch(victim, t, "dead" if kind == "node_killed" else "leaving")
+                    switch(victim, t, "dead" if isinstance(e, events.NodeKilled) else "leaving")
             continue
+        learner = getattr(e, "learner", None)
         if not isinstance(learner, int):
             continue
         lapse(unseen_stalls, t, "stalled")
-        if kind == "chaos":
-            if e.get("phase") == "injected" and e.get("fault") in INJECTED and learner in current:
-                switch(learner, t, INJECTED[e["fault"]])
-                if e["fault"] == "stall" and isinstance(e.get("duration_s"), int | float):
-                    unseen_stalls[learner] = t + float(e["duration_s"])
+        if isinstance(e, events.Chaos):
+            if e.phase == "injected" and e.fault in INJECTED and learner in current:
+                switch(learner, t, INJECTED[e.fault])
+                if e.fault == "stall" and e.duration_s is not None:
+                    unseen_stalls[learner] = t + e.duration_s
             continue
-        if kind == "learner_stalled":  # seen: its thaw ends it
+        if isinstance(e, events.LearnerStalled):  # seen: its thaw ends it
             unseen_stalls.pop(learner, None)
         lapse(slowed, t, "slow")
-        if kind == "learner_slowed":
-            duration = e.get("duration_s")
-            slowed[learner] = t + float(duration) if isinstance(duration, int | float) else float("inf")
+        if isinstance(e, events.LearnerSlowed):
+            slowed[learner] = t + e.duration_s if e.duration_s is not None else float("inf")
             if current.get(learner, (0.0, ""))[1] == "training":
                 switch(learner, t, "slow")
-        elif kind in STATE_AFTER:
-            state = STATE_AFTER[kind]
+        elif type(e) in STATE_AFTER:
+            state = STATE_AFTER[type(e)]
             if state == "training" and learner in slowed:
                 state = "slow"
             switch(learner, t, state)

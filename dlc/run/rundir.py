@@ -17,6 +17,7 @@ is told of each event, metric and status as it is written, and of those written 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -69,7 +70,7 @@ _EARLY_MAX = 10_000  # records kept for an observer that has not come yet (the s
 class Observer(Protocol):
     """Told of every record the run directory writes, as it writes it (the experiment trackers)."""
 
-    def event(self, record: dict[str, Any]) -> None: ...
+    def event(self, event: events.Event) -> None: ...
 
     def metric(self, record: dict[str, Any]) -> None: ...
 
@@ -158,7 +159,7 @@ class RunDir:
         self._held: list[tuple[str, str]] = []  # (file, line) recorded before `begin`
         self._files: dict[str, TextIO] = {}
         self.observer: Observer | None = None  # see `observe`
-        self._early: list[tuple[str, dict[str, Any]]] | None = []  # records written before an observer came
+        self._early: list[events.Event | dict[str, Any]] | None = []  # records written before an observer came
 
     @classmethod
     def prepare(cls, recipe: Recipe, fresh: bool) -> tuple[RunDir, bool]:
@@ -270,8 +271,6 @@ class RunDir:
             self._files[name].write(line)
         else:
             self._held.append((name, line))
-        if self._early is not None and len(self._early) < _EARLY_MAX:
-            self._early.append((name, record))
         return record
 
     def observe(self, observer: Observer | None) -> None:
@@ -279,22 +278,28 @@ class RunDir:
         the events and metrics written before it came (the run's start, its first evaluation)."""
         self.observer = observer
         early, self._early = self._early or [], None
-        if observer is not None:
-            for name, record in early:
-                (observer.event if name == EVENTS_FILE else observer.metric)(record)
+        for record in early:
+            self._tell(record)
 
-    def event(self, kind: str, **fields: Any) -> None:
-        """Append one event of `kind` (declared in `dlc.run.events`) to events.jsonl and tell the observer."""
-        if events.checking() and (wrong := events.undeclared({"kind": kind, **fields})) is not None:
+    def event(self, event: events.Event) -> None:
+        """Append one event (a record declared in `dlc.run.events`) to events.jsonl and tell the observer."""
+        if events.checking() and (wrong := events.wrong(event)) is not None:
             raise ValueError(wrong)
-        record = self._write(EVENTS_FILE, {"kind": kind, **fields})
-        if self.observer is not None:
-            self.observer.event(record)
+        written = self._write(EVENTS_FILE, event.record())
+        self._tell(event if event.t is not None else dataclasses.replace(event, t=written["t"]))
 
     def metric(self, **fields: Any) -> None:
-        record = self._write(METRICS_FILE, fields)
+        self._tell(self._write(METRICS_FILE, fields))
+
+    def _tell(self, record: events.Event | dict[str, Any]) -> None:
+        """The observer hears of a record written; one that has not come yet, of the first ones, when it comes."""
         if self.observer is not None:
-            self.observer.metric(record)
+            if isinstance(record, events.Event):
+                self.observer.event(record)
+            else:
+                self.observer.metric(record)
+        elif self._early is not None and len(self._early) < _EARLY_MAX:
+            self._early.append(record)
 
     def write_status(self, status: dict[str, Any]) -> None:
         write_json_atomic(self.path / STATUS_FILE, status)

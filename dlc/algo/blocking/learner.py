@@ -30,6 +30,7 @@ from dlc.core.fragments import FragmentPlan, shapes_of
 from dlc.core.learner import Learner
 from dlc.core.model import flatten_params, unflatten_params
 from dlc.net.transport import RemoteMethod, Transport
+from dlc.run import events
 
 
 class BlockingLearnerSync:
@@ -66,20 +67,21 @@ class BlockingLearnerSync:
 
     # -- the loop's step ---------------------------------------------------------------------
 
-    def step(self, stop: threading.Event) -> list[dict[str, Any]]:
+    def step(self, stop: threading.Event) -> list[events.Event]:
         """One step of the job: wait to be admitted if need be, compute, and send and wait when due."""
-        events: list[dict[str, Any]] = []
+        happened: list[events.Event] = []
         if self.version is None:
             if not self._await_model(stop):
-                return events
-            events.append({"kind": "learner_admitted", "learner": self.learner.index, "version": self.version})
+                return happened
+            assert self.version is not None  # the model awaited came with its version
+            happened.append(events.LearnerAdmitted(learner=self.learner.index, version=self.version))
         vector = self.local_step()
         self.steps_since += 1
         self.tokens_since += self.learner.tokens_per_step
         if vector is not None:
-            events.append(self._send(vector))
+            happened.append(self._send(vector))
             self._await_model(stop)
-        return events
+        return happened
 
     def local_step(self) -> np.ndarray | None:
         """Train; return the vector to send when one is due."""
@@ -88,7 +90,7 @@ class BlockingLearnerSync:
     def flat(self, tree: Any) -> np.ndarray:
         return self.plan.gather(flatten_params(tree), 0)
 
-    def _send(self, vector: np.ndarray) -> dict[str, Any]:
+    def _send(self, vector: np.ndarray) -> events.PushSent:
         """Send `vector` for the version held; returns the event for the run log."""
         assert self.version is not None
         contribution = Contribution(
@@ -106,14 +108,14 @@ class BlockingLearnerSync:
         self.seq += 1
         self.pushes += 1
         self.steps_since = self.tokens_since = 0
-        return {
-            "kind": "push_sent",
-            "learner": contribution.learner,
-            "version": contribution.version,
-            "seq": contribution.seq,
-            "steps": contribution.steps,
-            "bytes": contribution.payload.nbytes,
-        }
+        return events.PushSent(
+            learner=contribution.learner,
+            fragment=0,  # the whole model, as the syncer's rounds and acceptances say
+            version=contribution.version,
+            seq=contribution.seq,
+            steps=contribution.steps,
+            bytes=contribution.payload.nbytes,
+        )
 
     def _await_model(self, stop: threading.Event) -> bool:
         """Block until a global model newer than the one held arrives (or any, when not admitted)."""
@@ -165,7 +167,7 @@ class BlockingLearnerSync:
     def start_background(self) -> None:
         """Nothing runs off the loop's thread here."""
 
-    def push_outstanding(self) -> list[dict[str, Any]]:
+    def push_outstanding(self) -> list[events.Event]:
         """At the end of a run: send the steps not yet sent (diloco's last partial interval)."""
         if self.gradient or self.steps_since == 0 or self.version is None or self.outstanding is not None:
             return []

@@ -31,6 +31,7 @@ from dlc.algo.outer import make_outer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan, shapes_of
+from dlc.run import events
 
 Deliver = Callable[[int, GlobalModel], int]
 
@@ -141,7 +142,7 @@ class BarrierSyncer(GlobalFragments):
         self.paused_s = 0.0
         self.counters = SyncCounters()
         self.rejections: Counter[str] = Counter()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[events.Event] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # unused: a restart resumes from the checkpoint
 
     # -- membership ----------------------------------------------------------------------------
@@ -176,20 +177,18 @@ class BarrierSyncer(GlobalFragments):
         self.members -= learners
         for learner in learners:
             self.received.pop(learner, None)
-        self.events.append({"kind": "member_lost", "learners": sorted(learners), "reason": reason})
+        self.events.append(events.MemberLost(learners=sorted(learners), reason=reason))
         self._pause(f"lost {sorted(learners)} ({reason})")
 
     def _pause(self, why: str) -> None:
         now = self.clock()
         if now < self.paused_until:
-            self.events.append({"kind": "reconfigure_folded", "why": why})
+            self.events.append(events.ReconfigureFolded(why=why))
             return
         self.paused_until = now + self.reconfigure_s
         self.pauses += 1
         self.paused_s += self.reconfigure_s
-        self.events.append(
-            {"kind": "reconfigure", "why": why, "pause_s": self.reconfigure_s, "members": sorted(self.members)}
-        )
+        self.events.append(events.Reconfigure(why=why, pause_s=self.reconfigure_s, members=sorted(self.members)))
 
     # -- the barrier ---------------------------------------------------------------------------
 
@@ -208,21 +207,19 @@ class BarrierSyncer(GlobalFragments):
                 reason = "shape"
             elif not np.isfinite(delta).all():
                 reason = "nonfinite"
-        common = {
-            "learner": c.learner,
-            "fragment": 0,  # the whole model, as in its rounds: the driver finds the round a push is merged in
-            "seq": c.seq,
-            "steps": c.steps,
-            "base_version": c.version,
-            "share": 1.0,
-        }
+        # Fragment 0, the whole model, as in its rounds: the driver finds the round a push is merged in.
+        push = {"learner": c.learner, "fragment": 0, "seq": c.seq, "steps": c.steps, "base_version": c.version}
         if reason is not None:
             self.rejections[reason] += 1
-            self.events.append({"kind": "push_rejected", **common, "version": self.version, "reason": reason})
+            self.events.append(events.PushRejected(**push, version=self.version, reason=reason, detail=None, share=1.0))
             return
         self.received[c.learner] = c
         self.counters.accepted += 1
-        self.events.append({"kind": "push_accepted", **common, "version": self.version, "bytes": c.payload.nbytes})
+        self.events.append(
+            events.PushAccepted(
+                **push, version=self.version, bytes=c.payload.nbytes, part=None, superseded=None, share=1.0
+            )
+        )
 
     def next_tick_in(self) -> float:
         """Seconds until the next tick: often, since a pause ends and members fall silent by the clock."""
@@ -252,7 +249,7 @@ class BarrierSyncer(GlobalFragments):
         return closed
 
     def _admit(self) -> None:
-        self.events.append({"kind": "members_admitted", "learners": sorted(self.joining), "version": self.version})
+        self.events.append(events.MembersAdmitted(learners=sorted(self.joining), version=self.version))
         # A member's silence counts from its admission at the earliest: a joiner registered while the
         # job was starting, and not yet beating, is given the whole timeout to be heard from.
         now = self.clock()
@@ -282,15 +279,14 @@ class BarrierSyncer(GlobalFragments):
         self.received.clear()
         self.broadcast_due = True
         self.events.append(
-            {
-                "kind": "round_closed",
-                "fragment": 0,
-                "version": self.version,
-                "contributors": [c.learner for c in contributions],
-                "weights": [round(float(w), 4) for w in weights],
-                "tokens": tokens,
-                "seqs": [c.seq for c in contributions],
-            }
+            events.RoundClosed(
+                fragment=0,
+                version=self.version,
+                contributors=[c.learner for c in contributions],
+                weights=[round(float(w), 4) for w in weights],
+                tokens=tokens,
+                seqs=[c.seq for c in contributions],
+            )
         )
 
     def _broadcast(self) -> None:
@@ -323,9 +319,9 @@ class BarrierSyncer(GlobalFragments):
             **self.counters.status(now),
         }
 
-    def drain_events(self) -> list[dict[str, Any]]:
-        events, self.events = self.events, []
-        return events
+    def drain_events(self) -> list[events.Event]:
+        drained, self.events = self.events, []
+        return drained
 
     def journal_snapshot(self) -> dict[str, Any]:
         return {}  # nothing is journaled

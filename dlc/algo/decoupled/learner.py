@@ -38,6 +38,7 @@ from dlc.core.fragments import FragmentPlan
 from dlc.core.learner import Learner
 from dlc.core.model import ParamView
 from dlc.net.transport import RemoteMethod, Transport
+from dlc.run import events
 
 
 @dataclass
@@ -203,7 +204,7 @@ class DecoupledLearnerSync:
     waiting_s = 0.0
     idle: Callable[[], object] | None = None
 
-    def step(self, stop: threading.Event) -> list[dict[str, Any]]:
+    def step(self, stop: threading.Event) -> list[events.Event]:
         self.learner.train_step()
         return self.after_step()
 
@@ -222,7 +223,7 @@ class DecoupledLearnerSync:
         for version, value in resolved:
             self.inbox.put(Arrived(msg.fragment, version, self.ops.to_device(msg.fragment, value)))
 
-    def after_step(self) -> list[dict[str, Any]]:
+    def after_step(self) -> list[events.Event]:
         """Push what the syncer asked for, adopt what is due; returns events for the run log."""
         if self.failure:
             raise RuntimeError(f"learner {self.learner.index} could not send a push:\n{self.failure}")
@@ -243,13 +244,13 @@ class DecoupledLearnerSync:
                 self.waiting[msg.fragment] = (msg.version, msg.value)
         # Push before adopting: a fragment asked for now sends its progress since the old anchor,
         # instead of having it replaced by a merge that does not contain it.
-        events = [self.push(p) for p in requested if self.steps_since[p] > 0]
+        pushed: list[events.Event] = [self.push(p) for p in requested if self.steps_since[p] > 0]
         for p, (version, value) in list(self.waiting.items()):
             sent = self.sent.get(p)
             if sent is None or self.learner.step >= sent.step + self.tau:
                 self.adopt(p, version, value)
                 del self.waiting[p]
-        return events
+        return pushed
 
     def adopt(self, p: int, version: int, global_p: jax.Array | np.ndarray) -> None:
         """Take `global_p`, fragment p's global value at `version` (as `FragmentOps.to_device` gives
@@ -277,7 +278,7 @@ class DecoupledLearnerSync:
         self.sent.pop(p, None)
         self.adopted += 1
 
-    def push(self, p: int) -> dict[str, Any]:
+    def push(self, p: int) -> events.PushSent:
         """Dispatch fragment p's outer gradient for sending; returns the event for the run log."""
         payload, scales, theta = self.ops.push(self.learner.params, p, self.anchors[p])
         item = Outgoing(
@@ -292,15 +293,14 @@ class DecoupledLearnerSync:
         self.sent[p] = SentRecord(self.learner.step, theta)
         self.steps_since[p] = self.tokens_since[p] = 0
         self.unsent_steps[p] = 0.0
-        return {
-            "kind": "push_sent",
-            "learner": self.learner.index,
-            "fragment": p,
-            "base_version": item.base_version,
-            "seq": item.seq,
-            "bytes": self.ops.nbytes(p),
-            "step": self.learner.step,
-        }
+        return events.PushSent(
+            learner=self.learner.index,
+            fragment=p,
+            base_version=item.base_version,
+            seq=item.seq,
+            bytes=self.ops.nbytes(p),
+            step=self.learner.step,
+        )
 
     def unpushed_steps(self) -> float:
         """Steps of progress not yet sent, averaged over fragments (what a crash now would lose)."""
@@ -326,12 +326,12 @@ class DecoupledLearnerSync:
                 self.transport.send(push, item, link=self.learner.index)
         return len(pending)
 
-    def push_outstanding(self) -> list[dict[str, Any]]:
+    def push_outstanding(self) -> list[events.Event]:
         """At the end of a run: push every fragment with progress not yet sent, and wait until
         every push is handed to the transport; returns the events of the pushes made here."""
-        events = [self.push(p) for p in range(self.plan.num_fragments) if self.steps_since[p] > 0]
+        pushed: list[events.Event] = [self.push(p) for p in range(self.plan.num_fragments) if self.steps_since[p] > 0]
         self.flush_sends()
-        return events
+        return pushed
 
     # -- state --------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ tests drive it with a fake clock. Every decision is reported as an event for the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from dlc.algo.outer import make_outer
 from dlc.algo.protocol import Reject
 from dlc.config.schema import Recipe
 from dlc.core.fragments import FragmentPlan
+from dlc.run import events
 
 # Tensors merged with the plain weighted mean under merge=rda: each step touches few rows.
 EMBEDDINGS = frozenset({"embed/embedding", "pos_embed/embedding"})
@@ -72,7 +74,7 @@ class DecoupledSyncer(GlobalFragments):
         self.heartbeats: dict[int, float] = {}
         self.members: set[int] = set()
         self.counters = SyncCounters()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[events.Event] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
         # Recent seqs per learner that are settled, merged (every push folded in, superseded parts
         # too) or refused for good: a restarted syncer must refuse them when they are re-sent.
@@ -163,22 +165,16 @@ class DecoupledSyncer(GlobalFragments):
             self.counters.accepted += 1
             self.waiting[push.fragment] += 1
             self.events.append(
-                {
-                    "kind": "push_accepted",
-                    **common,
-                    "bytes": push.payload.nbytes,
-                    "part": verdict.part,
-                    "superseded": verdict.superseded,
-                }
+                events.PushAccepted(
+                    **common, bytes=push.payload.nbytes, part=verdict.part, superseded=verdict.superseded
+                )
             )
         else:
             if verdict.reason != Reject.DUPLICATE:  # refused for good (a duplicate's first copy settled it)
                 self._settle(push.learner, [push.seq])
                 if self.journal is not None:  # at once: the learner re-sends it to a restarted syncer
                     self.journal({"refused": [push.learner, push.seq], "reason": str(verdict.reason)})
-            self.events.append(
-                {"kind": "push_rejected", **common, "reason": str(verdict.reason), "detail": verdict.detail}
-            )
+            self.events.append(events.PushRejected(**common, reason=str(verdict.reason), detail=verdict.detail))
 
     def tick(self) -> int:
         """Advance the global step, open the rounds it reaches, close every round that may close
@@ -253,24 +249,24 @@ class DecoupledSyncer(GlobalFragments):
         self.counters.round_closed(result.learners)
         for learner, seqs in zip(result.learners, result.merged_seqs, strict=True):
             self._settle(learner, seqs)
-        event = {
-            "kind": "round_closed",
-            "fragment": p,
-            "version": result.version,
-            "contributors": list(result.learners),
-            "weights": [round(float(w), 4) for w in weights],
-            "staleness": list(result.staleness),
-            "grace_s": round(result.grace_window_s, 4),
-            "waited_s": round(result.waited_s, 4),
-            "tokens": list(result.tokens),
-            "seqs": list(result.seqs),
+        event = events.RoundClosed(
+            t=round(time.time(), 3),  # when it closed, also where a restarted syncer reports it again
+            fragment=p,
+            version=result.version,
+            contributors=list(result.learners),
+            weights=[round(float(w), 4) for w in weights],
+            staleness=list(result.staleness),
+            grace_s=round(result.grace_window_s, 4),
+            waited_s=round(result.waited_s, 4),
+            tokens=list(result.tokens),
+            seqs=list(result.seqs),
             # Every push folded in, superseded ones included: (learner, seq) pairs, each merged once.
-            "merged": [
-                [learner, seq]
+            merged=[
+                (learner, seq)
                 for learner, seqs in zip(result.learners, result.merged_seqs, strict=True)
                 for seq in seqs
             ],
-        }
+        )
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
                 {
@@ -281,7 +277,7 @@ class DecoupledSyncer(GlobalFragments):
                     "merged": pairs,
                     "history": self.book.merged_history(p),  # what later pushes of p are netted against
                     "counters": self._counters(),
-                    "event": event,  # the round's record survives the syncer, even undrained
+                    "event": event.record(),  # the round's record survives the syncer, even undrained
                 }
             )
         # Once to every member, contributors or not.
@@ -382,9 +378,9 @@ class DecoupledSyncer(GlobalFragments):
             **self.counters.status(now),
         }
 
-    def drain_events(self) -> list[dict[str, Any]]:
-        events, self.events = self.events, []
-        return events
+    def drain_events(self) -> list[events.Event]:
+        drained, self.events = self.events, []
+        return drained
 
     # -- checkpoint state ----------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from dlc.engine.learner.startup import Startup
 from dlc.engine.learner.state_copy import StateCopy
 from dlc.engine.learner.uplinks import uplink_for
 from dlc.errors import UserError
+from dlc.run import events
 from dlc.run.files import PROFILE_DIR
 from dlc.run.storage import RunStorage, describe, local_dir_of
 
@@ -227,9 +228,10 @@ class LearnerWorker(Preemptible):
             root = Path(str(self.storage.root))
         return StepProfiler(root / PROFILE_DIR / f"learner-{self.index}", *profile.steps)
 
-    def _traced(self, profiler: StepProfiler) -> dict[str, Any]:
+    def _traced(self, profiler: StepProfiler) -> events.ProfileWritten:
+        assert self.index is not None, "a spare traces nothing"
         steps = [profiler.first, min(profiler.last, self.learner.step)]
-        return {"kind": "profile_written", "learner": self.index, "steps": steps, "dir": str(profiler.directory)}
+        return events.ProfileWritten(learner=self.index, steps=steps, dir=str(profiler.directory))
 
     def _loop(self) -> None:
         recipe, learner = self.recipe, self.learner
@@ -238,14 +240,15 @@ class LearnerWorker(Preemptible):
         self.startup.join()
         if self.error:
             return
+        assert self.index is not None, "a spare trains once it takes a slot"
         profiler = self._profiler()
         try:
             while not self._stop.is_set() and (max_steps is None or learner.step < max_steps):
                 traced = profiler is not None and profiler.tick(learner.step)
                 started, waited = time.monotonic(), self.sync.waiting_s
-                events = self.sync.step(self._stop)
+                happened = self.sync.step(self._stop)
                 if traced and profiler is not None:  # `traced` implies a profiler
-                    events.append(self._traced(profiler))
+                    happened.append(self._traced(profiler))
                 self._apply_slow(time.monotonic() - started - (self.sync.waiting_s - waited))
                 copying = time.monotonic()
                 if self._serve_copies():
@@ -255,21 +258,20 @@ class LearnerWorker(Preemptible):
                     self.save(wait=False)
                     release_freed_memory()  # what writing the checkpoint left free
                     self.blocked_s["checkpoint"] += time.monotonic() - saving
-                    events.append({"kind": "checkpoint_saved", "learner": self.index, "step": learner.step})
+                    happened.append(events.CheckpointSaved(learner=self.index, step=learner.step))
                 now = time.monotonic()
                 if not meter.started:  # start-up ends with the first step
                     self.state = "training"
-                    events.append(
-                        {
-                            "kind": "learner_training",
-                            "learner": self.index,
-                            "incarnation": self.incarnation,
-                            "device": self.device["device"],
+                    happened.append(
+                        events.LearnerTraining(
+                            learner=self.index,
+                            incarnation=self.incarnation,
+                            device=self.device["device"],
                             **self.startup.seconds,
-                        }
+                        )
                     )
                 meter.measure(now, learner.tokens)
-                self.reports.add(events)
+                self.reports.add(happened)
                 self.reports.log(self.index, learner.take_records, meter.rate)
             learner.flush()
             if profiler is not None and (profiler.tick(learner.step) or profiler.close()):
@@ -424,12 +426,13 @@ class LearnerWorker(Preemptible):
 
     def _hand_over(self, timeout_s: float) -> int:
         """Send the progress not yet pushed, wait until the syncer holds it, checkpoint; returns the pushes."""
+        assert self.index is not None, "a spare has nothing to hand over"
         pushed = self.sync.push_outstanding()
         self.transport.drain(timeout_s=timeout_s)  # pushes still held by an emulated link go out first
         # The barrier follows the pushes on their channel, or in the syncer's one ordered concurrency
         # group, so when it returns the syncer holds every push: the driver's finish() cannot overtake them.
         self.link.barrier(timeout_s=timeout_s)
-        self.reports.add([*pushed, {"kind": "final_push", "learner": self.index, "fragments": len(pushed)}])
+        self.reports.add([*pushed, events.FinalPush(learner=self.index, fragments=len(pushed))])
         self.save()
         return len(pushed)
 

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dlc.run import events
+
 if TYPE_CHECKING:
     from dlc.core.learner import StepRecord
 
@@ -22,14 +24,14 @@ class Reports:
 
     def __init__(self, log_every_steps: int) -> None:
         self.lock = threading.Lock()  # held by a poll while it takes the queues and the snapshot beside them
-        self.events: list[dict[str, Any]] = []
+        self.events: list[events.Event] = []
         self.metrics: list[dict[str, Any]] = []
         self.loss: float | None = None
         self._every = log_every_steps
 
-    def add(self, events: list[dict[str, Any]]) -> None:
+    def add(self, happened: list[events.Event]) -> None:
         with self.lock:
-            self.events.extend(events)
+            self.events.extend(happened)
 
     def log(self, index: int | None, take_records: Callable[[], list[StepRecord]], rate: float) -> None:
         """Queue the `train` metrics of the records `take_records` hands over (learner `index`'s), at
@@ -50,8 +52,8 @@ class Reports:
                         }
                     )
 
-    def take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def take(self) -> tuple[list[events.Event], list[dict[str, Any]]]:
         """The events and metrics queued since the last call; the caller holds `lock`."""
-        events, self.events = self.events, []
+        happened, self.events = self.events, []
         metrics, self.metrics = self.metrics, []
-        return events, metrics
+        return happened, metrics

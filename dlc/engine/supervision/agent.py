@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from chaos.faults import lacking
 from chaos.target import ProcessSignals, TargetError
 from dlc.engine.supervision.chaos_log import ChaosLog
+from dlc.run import events
 from dlc.run.rundir import RunDir
 
 
@@ -141,7 +142,7 @@ class Signals:
             self.chaos.note_victims("kill_node", victims, float(request.get("t") or time.time()))
             pids = [live[j]["pid"] for j in victims]
             ref = agent.kill.remote(pids)
-            self.rundir.event("node_killed", node_id=node, node=view.get("node"), learners=victims, pids=pids)
+            self.rundir.event(events.NodeKilled(node_id=node, node=view.get("node"), learners=victims, pids=pids))
         self._calls.append((ref, request, node))
         self._sent = self._sent or op not in ("stall", "preempt")
 
@@ -170,5 +171,5 @@ class Signals:
         self._calls = pending
 
     def _ignore(self, request: dict[str, Any], reason: str) -> None:
-        self.rundir.event("control_ignored", request=request, reason=reason)
+        self.rundir.event(events.ControlIgnored(request=request, reason=reason))
         self.chaos.outcome(str(request.get("op")), request.get("learner"), "not_carried_out", detail=reason)

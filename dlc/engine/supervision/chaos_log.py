@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlc.run import events
 from dlc.run.files import CHAOS_FILE, CONTROL_FILE, JsonlTail, append_jsonl
 from dlc.run.rundir import RunDir
 
@@ -32,7 +33,7 @@ class ChaosLog:
         """New injections are copied to events.jsonl; new control requests are returned."""
         for entry in self._chaos.read() or []:
             if entry.get("phase") in ("injected", "refused", "dry_run"):
-                self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+                self.rundir.event(events.Chaos.of(entry))
                 if entry.get("phase") == "injected":
                     self.injected[(str(entry.get("fault")), entry.get("learner"))] = float(entry.get("t", time.time()))
         return self._control.read() or []
@@ -67,7 +68,7 @@ class ChaosLog:
             **extra,
         }
         append_jsonl(self.chaos_path, entry)
-        self.rundir.event("chaos", **{k: v for k, v in entry.items() if k != "t"})
+        self.rundir.event(events.Chaos.of(entry))
 
 
 def _size(path: Path) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from chaos.faults import lacking
 from dlc.engine.supervision.agent import Signals
+from dlc.run import events
 from dlc.run.rundir import RunDir
 
 
@@ -49,14 +50,18 @@ def carry_out(request: dict[str, Any], supervisor: Controlled) -> None:
         seconds = float("inf") if duration is None else float(duration)  # None: until the run ends
         slot.handle.set_slow.remote(float(request["factor"]), seconds)
         supervisor.rundir.event(
-            "learner_slowed", learner=i, factor=request.get("factor"), duration_s=request.get("duration_s")
+            events.LearnerSlowed(learner=i, factor=float(request["factor"]), duration_s=request.get("duration_s"))
         )
     elif op in ("degrade_link", "cut_link") and slot is not None and i in live and lacking(request) is None:
         factor = float(request["factor"]) if op == "degrade_link" else None
         seconds = float(request["duration_s"])
         slot.handle.impair_link.remote(factor, seconds)  # the uplink
         supervisor.syncer.impair_link.remote(i, factor, seconds)  # the downlink
-        supervisor.rundir.event("link_degraded" if factor else "link_cut", learner=i, factor=factor, duration_s=seconds)
+        supervisor.rundir.event(
+            events.LinkCut(learner=i, duration_s=seconds)
+            if factor is None
+            else events.LinkDegraded(learner=i, factor=factor, duration_s=seconds)
+        )
     elif op == "leave" and slot is not None and i in live:
         supervisor.leave(i)
     elif op == "join" and supervisor.join_streams:
@@ -67,7 +72,7 @@ def carry_out(request: dict[str, Any], supervisor: Controlled) -> None:
             if op == "join"
             else "unknown op, learner not live, or the fault's factor or duration missing"
         )
-        supervisor.rundir.event("control_ignored", request=request, reason=reason)
+        supervisor.rundir.event(events.ControlIgnored(request=request, reason=reason))
 
 
 def start_chaos(plan: Any, rundir: RunDir, message: Callable[[str], None]) -> tuple[Any, threading.Event]:
@@ -88,5 +93,5 @@ def start_chaos(plan: Any, rundir: RunDir, message: Callable[[str], None]) -> tu
     )
     thread = threading.Thread(target=controller.run, name="chaos", daemon=True)
     thread.start()
-    rundir.event("chaos_started", plan=plan.summary())
+    rundir.event(events.ChaosStarted(plan=plan.summary()))
     return controller, stop

@@ -26,6 +26,7 @@ from dlc.engine.supervision.slots import LearnerSlot, Recovery
 from dlc.engine.supervision.spares import SparePool
 from dlc.errors import UserError
 from dlc.observe.goodput import Ledger
+from dlc.run import events
 from dlc.run.files import HEALTHY_STATES
 from dlc.run.rundir import RunDir
 
@@ -55,7 +56,7 @@ class Recoveries:
 
     if TYPE_CHECKING:  # the supervisor's own
 
-        def _event(self, kind: str, **fields: Any) -> None: ...
+        def _event(self, event: events.Event) -> None: ...
         def state_of(self, index: int) -> str: ...
         def live(self) -> dict[int, Any]: ...
         def forgive_silence(self) -> None: ...
@@ -70,11 +71,12 @@ class Recoveries:
         # Its position in its own stream as last reported (every poll): what it read after that
         # died unpushed with it, so the new process reads it again rather than skipping it.
         self._event(
-            "learner_died",
-            learner=i,
-            step=slot.view.get("step"),
-            pid=slot.view.get("pid"),
-            data_position=int(slot.view.get("data_position") or 0),
+            events.LearnerDied(
+                learner=i,
+                step=slot.view.get("step"),
+                pid=slot.view.get("pid"),
+                data_position=int(slot.view.get("data_position") or 0),
+            )
         )
         fault = slot.death_fault = self.chaos.death_fault(i)
         self.chaos.outcome(fault, i, "detected", after_s=self.chaos.since(fault, i))
@@ -88,15 +90,16 @@ class Recoveries:
         notice = slot.view.get("notice") or {}
         ray.kill(slot.handle, no_restart=True)
         self._event(
-            "learner_preempted",
-            learner=i,
-            step=slot.view.get("step"),
-            pid=slot.view.get("pid"),
-            reason=notice.get("reason"),
-            fragments=notice.get("fragments"),
-            leave_s=notice.get("leave_s"),
-            unpushed_steps=slot.view.get("unpushed_steps", 0.0),
-            data_position=int(slot.view.get("data_position") or 0),
+            events.LearnerPreempted(
+                learner=i,
+                step=slot.view.get("step"),
+                pid=slot.view.get("pid"),
+                reason=notice.get("reason"),
+                fragments=notice.get("fragments"),
+                leave_s=notice.get("leave_s"),
+                unpushed_steps=slot.view.get("unpushed_steps", 0.0),
+                data_position=int(slot.view.get("data_position") or 0),
+            )
         )
         self.ledger.waste(i, slot.view.get("unpushed_steps", 0.0) * self._step_s(slot))  # none, when it pushed
         slot.death_fault = "preempt"
@@ -125,7 +128,7 @@ class Recoveries:
                 "restarting", spare.actor, ref, died_at=self.wall(), spare=True, data_position=position, step=step
             )
             slot.view["phase"] = f"spare {spare.name} taking over"
-            self.rundir.event("spare_taken", spare=spare.name, learner=i, ready=spare.ready)
+            self.rundir.event(events.SpareTaken(spare=spare.name, learner=i, ready=spare.ready))
             self.spares.keep()
         else:
             actor = self.make_learner(i, slot.stream, incarnation)
@@ -140,7 +143,7 @@ class Recoveries:
         gone): a restart would wait forever for resources that never come. The run goes on without it."""
         slot = self.slots[i]
         slot.override, slot.recovery, slot.view["phase"] = "left", None, None
-        self._event("learner_lost", learner=i, reason=reason)
+        self._event(events.LearnerLost(learner=i, reason=reason))
         self.chaos.outcome(fault, i, "not_restarted", detail=reason)
 
     def _advance_recoveries(self) -> None:
@@ -159,18 +162,16 @@ class Recoveries:
             if rec.phase == "restarting":
                 rec.restarted_at = self.wall()
                 self.rundir.event(
-                    "learner_restarted",
-                    learner=i,
-                    pid=result,
-                    after_s=round(rec.restarted_at - rec.died_at, 3),
-                    spare=rec.spare,
+                    events.LearnerRestarted(
+                        learner=i, pid=result, after_s=round(rec.restarted_at - rec.died_at, 3), spare=rec.spare
+                    )
                 )
                 fault = slot.death_fault
                 self.chaos.outcome(fault, i, "restarted", after_s=self.chaos.since(fault, i), pid=result)
                 slot.view = {**slot.view, "pid": result}
                 self._copy_state(i, slot, rec)
             elif rec.phase == "rejoining":
-                self.rundir.event("learner_rejoined", learner=i, **result)
+                self.rundir.event(events.LearnerRejoined(learner=i, **result))
                 fault = slot.death_fault
                 self.chaos.outcome(fault, i, "state_copied", after_s=self.chaos.since(fault, i), **result)
                 rec.phase, rec.ref = "registering", self.syncer.rejoin.remote(i, rec.actor)
@@ -207,12 +208,12 @@ class Recoveries:
             return
         if rec.phase == "rejoining" and self._alive(rec.actor):
             # The peer (or the syncer) it copied from died mid-copy: copy from another.
-            self.rundir.event("state_copy_retried", learner=i, peer=rec.peer, error=str(exc).splitlines()[0])
+            self.rundir.event(events.StateCopyRetried(learner=i, peer=rec.peer, error=str(exc).splitlines()[0]))
             self._copy_state(i, slot, rec)
             return
         ray.kill(rec.actor)  # whatever is left of it must not hold its resources
         if rec.spare and rec.phase == "restarting":  # the spare died (or refused) before it took over
-            self.rundir.event("spare_died", learner=i, error=str(exc).splitlines()[0])
+            self.rundir.event(events.SpareDied(learner=i, error=str(exc).splitlines()[0]))
             self._start_again(i, slot, rec, attempts=rec.attempts)
             return
         # Its new process died before it was ready: its node died under it (Ray marks a lost node
@@ -222,7 +223,7 @@ class Recoveries:
             self._retire(i, lost, slot.death_fault)
         elif rec.attempts < MAX_RESTART_ATTEMPTS:
             self._start_again(i, slot, rec, attempts=rec.attempts + 1)
-            self.rundir.event("restart_retried", learner=i, error=str(exc).splitlines()[0])
+            self.rundir.event(events.RestartRetried(learner=i, error=str(exc).splitlines()[0]))
         else:
             self.failure, slot.recovery = f"learner {i} could not be restarted: {exc}", None
 
@@ -265,7 +266,7 @@ class Recoveries:
         `reports` logs each as lost before the learners re-send them, so a reader counts each once."""
         died = self.wall()
         chaos = self.chaos
-        self.rundir.event("syncer_died")
+        self.rundir.event(events.SyncerDied())
         chaos.outcome("kill_syncer", None, "detected", after_s=chaos.since("kill_syncer", None))
         syncer = make_syncer()
         restored = ray.get(syncer.restore.remote(), timeout=300) or {}
@@ -283,7 +284,7 @@ class Recoveries:
                 resent += ray.get(ref)
         after = round(self.wall() - died, 3)
         self.forgive_silence()  # the driver was busy here, not the learners silent
-        self.rundir.event("syncer_restarted", after_s=after, resent_pushes=resent, **restored)
+        self.rundir.event(events.SyncerRestarted(after_s=after, resent_pushes=resent, **restored))
         chaos.outcome(
             "kill_syncer",
             None,

@@ -18,6 +18,7 @@ import ray
 from dlc.config.schema import Recipe
 from dlc.engine.devices import same_setup
 from dlc.observe.goodput import Ledger
+from dlc.run import events
 from dlc.run.rundir import RunDir
 
 
@@ -55,7 +56,7 @@ class SparePool:
             self.started += 1
             requested = time.time()
             self.spares.append(Spare(name, self.make_spare(requested), requested, view={"phase": "starting process"}))
-            self.rundir.event("spare_started", spare=name)
+            self.rundir.event(events.SpareStarted(spare=name))
 
     def poll(self) -> None:
         """Take in each spare's answer to its last poll without waiting; replace the dead ones."""
@@ -70,18 +71,19 @@ class SparePool:
                 result = ray.get(ref)
             except ray.exceptions.RayActorError:
                 self.spares.remove(spare)
-                self.rundir.event("spare_died", spare=spare.name)
+                self.rundir.event(events.SpareDied(spare=spare.name))
                 continue
             was_ready, spare.view = spare.ready, result["snapshot"]
             if result["error"]:
                 self.failure = f"hot spare {spare.name} failed:\n{result['error']}"
             if spare.ready and not was_ready:
                 self.rundir.event(
-                    "spare_ready",
-                    spare=spare.name,
-                    after_s=round(time.time() - spare.requested_at, 3),
-                    device=spare.view.get("device"),
-                    **spare.view["startup"],
+                    events.SpareReady(
+                        spare=spare.name,
+                        after_s=round(time.time() - spare.requested_at, 3),
+                        device=spare.view.get("device"),
+                        **spare.view["startup"],
+                    )
                 )
         self.keep()
 

@@ -30,23 +30,24 @@ from dlc.engine.supervision.recovery import Recoveries
 from dlc.engine.supervision.slots import LearnerSlot, Recovery
 from dlc.engine.supervision.spares import SparePool
 from dlc.observe.goodput import STATE_BUCKET, Ledger
+from dlc.run import events
 from dlc.run.rundir import RunDir
 
 DRAIN_CHECK_S = 2.0  # how often the GCS is asked which nodes are draining
 
 # Events said on the console as they happen: a death, a stall, a preemption, and the recovery of each
 # (a kind/fault key, where there is one, for the event of that fault).
-TOLD = {
-    "learner_died": "learner {learner} died at step {step}",
-    "learner_stalled": "learner {learner} silent for {silent_s:.1f} s: stalled; the rounds go on without it",
-    "learner_thawed": "learner {learner} answers again, after {silent_s:.1f} s of silence",
-    "learner_recovered": "learner {learner} back: pushing again {after_s:.1f} s after it died",
-    "learner_recovered/preempt": "learner {learner} back: pushing again {after_s:.1f} s after it left on its notice",
-    "learner_lost": "learner {learner} lost: {reason}",
-    "learner_preempted": "learner {learner} preempted ({reason}): pushed {fragments} fragments and left "
+TOLD: dict[type[events.Event], str] = {
+    events.LearnerDied: "learner {learner} died at step {step}",
+    events.LearnerStalled: "learner {learner} silent for {silent_s:.1f} s: stalled; the rounds go on without it",
+    events.LearnerThawed: "learner {learner} answers again, after {silent_s:.1f} s of silence",
+    events.LearnerRecovered: "learner {learner} back: pushing again {after_s:.1f} s after it died",
+    events.LearnerLost: "learner {learner} lost: {reason}",
+    events.LearnerPreempted: "learner {learner} preempted ({reason}): pushed {fragments} fragments and left "
     "{leave_s:.1f} s after its notice; a new process takes its place",
-    "node_draining": "node {node} is draining: learners {learners} leave with their progress",
+    events.NodeDraining: "node {node} is draining: learners {learners} leave with their progress",
 }
+BACK_AFTER_NOTICE = "learner {learner} back: pushing again {after_s:.1f} s after it left on its notice"
 
 
 class _Told(string.Formatter):
@@ -97,12 +98,14 @@ class Supervisor(Recoveries):
         self.drain_checked_at = 0.0
         self.draining: set[str] = set()  # nodes already seen draining
 
-    def _event(self, kind: str, **fields: Any) -> None:
+    def _event(self, event: events.Event) -> None:
         """Record the event; say the ones a person watching the console wants to see at once."""
-        self.rundir.event(kind, **fields)
-        line = TOLD.get(f"{kind}/{fields.get('fault')}") or TOLD.get(kind)
+        self.rundir.event(event)
+        line = TOLD.get(type(event))
+        if isinstance(event, events.LearnerRecovered) and event.fault == "preempt":
+            line = BACK_AFTER_NOTICE
         if line is not None and self.say is not None:
-            self.say(_TOLD_FORMAT.format(line, **fields))
+            self.say(_TOLD_FORMAT.format(line, **event.fields()))
 
     # -- membership ------------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class Supervisor(Recoveries):
         self.slots[index].recovery = Recovery("restarting", actor, actor.ready.remote(), died_at=self.wall())
         if duration_s is not None:
             self.slots[index].leave_at = self.clock() + float(duration_s)
-        self.rundir.event("learner_joining", learner=index, duration_s=duration_s)
+        self.rundir.event(events.LearnerJoining(learner=index, duration_s=duration_s))
 
     def leave(self, index: int) -> None:
         """Live learner `index` stops for good (a joiner's time is up, or chaos asked)."""
@@ -139,7 +142,7 @@ class Supervisor(Recoveries):
         slot.handle.stop.remote()
         slot.override = "left"
         self.syncer.leave.remote(index)
-        self.rundir.event("learner_left", learner=index)
+        self.rundir.event(events.LearnerLeft(learner=index))
 
     def live(self) -> dict[int, Any]:
         """Handles of learners that are neither dead, recovering nor gone."""
@@ -204,7 +207,7 @@ class Supervisor(Recoveries):
                 self.slots[i].handle.give_notice.remote("node draining", deadline)
             left = None if deadline is None else round(deadline - self.wall(), 1)
             name = self.slots[on_node[0]].view.get("node") or node[:8]
-            self._event("node_draining", node_id=node, node=name, learners=on_node, deadline_in_s=left)
+            self._event(events.NodeDraining(node_id=node, node=name, learners=on_node, deadline_in_s=left))
 
     def catch_up(self, absorb: Any, wait_s: float = 2.0) -> None:
         """After the driver was busy (a syncer restart), refresh every learner's view before the next
@@ -253,7 +256,7 @@ class Supervisor(Recoveries):
             if not ready:
                 if now - slot.last_seen > timeout and slot.override != "stalled":
                     slot.override = "stalled"
-                    self._event("learner_stalled", learner=i, silent_s=round(now - slot.last_seen, 2))
+                    self._event(events.LearnerStalled(learner=i, silent_s=round(now - slot.last_seen, 2)))
                     self.chaos.outcome("stall", i, "detected", after_s=self.chaos.since("stall", i))
                 continue
             ref, slot.poll = slot.poll, None
@@ -264,7 +267,7 @@ class Supervisor(Recoveries):
                 continue
             if slot.override == "stalled":
                 slot.override = None
-                self._event("learner_thawed", learner=i, silent_s=round(now - slot.last_seen, 2))
+                self._event(events.LearnerThawed(learner=i, silent_s=round(now - slot.last_seen, 2)))
                 self.chaos.outcome("stall", i, "recovered", after_s=self.chaos.since("stall", i))
             slot.last_seen = now
             slot.view = result["snapshot"]
@@ -275,32 +278,32 @@ class Supervisor(Recoveries):
                 self.ledger.waste(i, discarded * self._step_s(slot))
             if slot.view.get("state") == "finished" and not slot.finished:
                 slot.finished = True
-                self.rundir.event("learner_finished", learner=i, step=slot.view.get("step"))
+                self.rundir.event(events.LearnerFinished(learner=i, step=slot.view.get("step")))
             absorb(i, result)
             if slot.view.get("state") == "preempted":  # it left on a notice, its progress pushed
                 self._on_preempted(i)
             if result["error"]:
                 self.failure = f"learner {i} failed:\n{result['error']}"
 
-    def note_syncer_events(self, events: list[dict[str, Any]]) -> None:
+    def note_syncer_events(self, reported: list[events.Event]) -> None:
         """First accepted push after a rejoin; wasted time for rejected pushes."""
         fragments = max(self.recipe.syncer.fragments, 1)
-        for event in events:
-            slot = self.slots.get(event.get("learner", -1))
+        for event in reported:
+            if not isinstance(event, events.PushAccepted | events.PushRejected):
+                continue
+            slot = self.slots.get(event.learner)
             if slot is None:
                 continue
-            if event["kind"] == "push_accepted" and slot.awaiting_first_push is not None:
+            if isinstance(event, events.PushAccepted) and slot.awaiting_first_push is not None:
                 after = self.wall() - slot.awaiting_first_push
                 fault = slot.death_fault
-                self._event("learner_recovered", learner=event["learner"], after_s=round(after, 3), fault=fault)
-                self.chaos.outcome(
-                    fault, event["learner"], "first_push", after_s=self.chaos.since(fault, event["learner"])
-                )
+                self._event(events.LearnerRecovered(learner=event.learner, after_s=round(after, 3), fault=fault))
+                self.chaos.outcome(fault, event.learner, "first_push", after_s=self.chaos.since(fault, event.learner))
                 slot.awaiting_first_push = None
-            elif event["kind"] == "push_rejected":
+            elif isinstance(event, events.PushRejected):
                 # A push carries its share of the model (1/P for a fragment) of the progress of its steps.
-                share = event.get("share", 1.0 / fragments)
-                self.ledger.waste(event["learner"], event.get("steps", 0) * self._step_s(slot) * share)
+                share = 1.0 / fragments if event.share is None else event.share
+                self.ledger.waste(event.learner, event.steps * self._step_s(slot) * share)
 
     @staticmethod
     def _step_s(slot: LearnerSlot) -> float:

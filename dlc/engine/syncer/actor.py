@@ -9,6 +9,7 @@ resumes from its last checkpoint plus the journal: the state at the moment of de
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from dlc.engine.cluster import node_info
 from dlc.engine.syncer.journal import Journal, damaged
 from dlc.errors import UserError
 from dlc.net.channel import Beat, Hub
+from dlc.run import events
 from dlc.run.checkpoint import Checkpointer
 from dlc.run.files import syncer_journal_path
 from dlc.run.storage import RunStorage, describe
@@ -62,8 +64,8 @@ class SyncerWorker:
         self.syncer.journal = self._journal_round
         # Events of the rounds journaled since the last checkpoint: the next checkpoint keeps them,
         # so a restarted syncer can re-send any its predecessor closed but never reported.
-        self._round_events: list[dict[str, Any]] = []
-        self._resend: list[dict[str, Any]] = []  # those a restarted syncer reports again, first
+        self._round_events: list[dict[str, Any]] = []  # their records, as the journal holds them
+        self._resend: list[events.Event] = []  # those a restarted syncer reports again, first
         self.lock = threading.Lock()
         self._stop = threading.Event()
         # The ticking thread sleeps until the syncer's next deadline (`next_tick_in`), and is woken
@@ -113,7 +115,6 @@ class SyncerWorker:
     def _journal_round(self, record: dict[str, Any]) -> None:
         event = record.get("event")
         if event is not None:
-            event["t"] = round(time.time(), 3)  # when the round closed, also if its event is re-sent
             self._round_events.append(event)
         self.journal.write(record)
 
@@ -141,7 +142,11 @@ class SyncerWorker:
                 self._round_events.append(record["event"])
         # The dead syncer's last rounds may never have reached the driver: report them again (the
         # driver logs each round once), from the last checkpoint's rounds and the journal's.
-        self._resend = [{**e, "replayed": True} for e in resend + self._round_events]
+        self._resend = [
+            dataclasses.replace(e, replayed=True)
+            for e in events.parse_all(resend + self._round_events)
+            if isinstance(e, events.RoundClosed)
+        ]
         if restored is None and replayed == 0:
             return None
         return {
@@ -254,8 +259,8 @@ class SyncerWorker:
             status = {**self.syncer.status(), "pid": os.getpid(), "channel": self.recipe.syncer.channel}
             if self.hub is not None:
                 status["channel_messages_in"] = self.hub.received
-            events, self._resend = self._resend + self.syncer.drain_events(), []
-            return {"status": status, "events": events, "error": self.error}
+            reported, self._resend = self._resend + self.syncer.drain_events(), []
+            return {"status": status, "events": reported, "error": self.error}
 
     def close(self) -> None:
         """Release the journal, checkpoint files and channel (the actor's process does this by ending)."""

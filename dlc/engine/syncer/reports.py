@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 import ray
 
 from dlc.observe.reader import voided
+from dlc.run import events
 from dlc.run.files import EVENTS_FILE, read_jsonl
 from dlc.run.rundir import RunDir
 
@@ -32,7 +33,7 @@ class Supervisor(Protocol):
 
     syncer_pid: int | None
 
-    def note_syncer_events(self, events: list[dict[str, Any]]) -> None: ...
+    def note_syncer_events(self, reported: list[events.Event]) -> None: ...
 
 
 class Accepted(NamedTuple):
@@ -45,10 +46,8 @@ class Accepted(NamedTuple):
     bytes: int
 
     @classmethod
-    def of(cls, event: dict[str, Any]) -> Accepted | None:
-        """The push of a `push_accepted` record; None for a record that does not say it all (an older log)."""
-        fields = [value for value in (event.get(name) for name in cls._fields) if isinstance(value, int)]
-        return cls(*fields) if len(fields) == len(cls._fields) else None
+    def of(cls, event: events.PushAccepted) -> Accepted:
+        return cls(event.learner, event.fragment, event.seq, event.version, event.bytes)
 
 
 class SyncerReports:
@@ -60,20 +59,18 @@ class SyncerReports:
         self.rejected: dict[int, int] = {}  # learner -> pushes the syncer rejected
         self.failure: str | None = None  # the syncer's error: it fails the run
         self._asked: Any = None  # the poll asked for and not taken yet
-        self._rounds_logged: set[tuple[Any, Any]] = set()  # (fragment, version) in events.jsonl
+        self._rounds_logged: set[tuple[int, int]] = set()  # (fragment, version) in events.jsonl
         # Logged acceptances no logged round merged yet, by fragment: what a syncer's death can lose.
         self._waiting: dict[int, dict[tuple[int, int], Accepted]] = {}
         # On a resume, every acceptance events.jsonl holds (less those lost already), until `restored`
         # says which the resumed syncer holds: it may have restored an older state than the log's.
         self._logged: list[Accepted] = []
         if resume:
-            logged, _ = read_jsonl(rundir.path / EVENTS_FILE)
+            logged = events.parse_all(read_jsonl(rundir.path / EVENTS_FILE)[0])
             void = voided(logged)
             kept = [e for i, e in enumerate(logged) if i not in void]
-            self._rounds_logged = {
-                (e.get("fragment"), e.get("version")) for e in kept if e.get("kind") == "round_closed"
-            }
-            self._logged = [a for e in kept if e.get("kind") == "push_accepted" and (a := Accepted.of(e)) is not None]
+            self._rounds_logged = {(e.fragment, e.version) for e in kept if isinstance(e, events.RoundClosed)}
+            self._logged = [Accepted.of(e) for e in kept if isinstance(e, events.PushAccepted)]
 
     def restored(self, versions: Sequence[int] | None, reason: str = "run_stopped") -> None:
         """A syncer was restored with its fragments at `versions` (None: nothing restored), after the run
@@ -83,14 +80,14 @@ class SyncerReports:
         syncer reports anything."""
         versions = list(versions or [])
         kept = rounds_kept(self._rounds_logged, versions)
-        lost_rounds = {key for key in self._rounds_logged - kept if all(isinstance(k, int) for k in key)}
+        lost_rounds = self._rounds_logged - kept
         for fragment, version in sorted(lost_rounds):
-            self.rundir.event("round_lost", fragment=fragment, version=version, reason=reason)
+            self.rundir.event(events.RoundLost(fragment=fragment, version=version, reason=reason))
         self._rounds_logged = kept
         logged = [*self._logged, *(push for waiting in self._waiting.values() for push in waiting.values())]
         for push in lost_pushes(logged, versions):
             why = "round_lost" if (push.fragment, push.version + 1) in lost_rounds else reason
-            self.rundir.event("push_lost", **push._asdict(), reason=why)
+            self.rundir.event(events.PushLost(**push._asdict(), reason=why))
         self._logged, self._waiting = [], {}  # the rest are in rounds it holds
 
     def poll(self, syncer: Any, supervisor: Supervisor) -> bool:
@@ -126,43 +123,40 @@ class SyncerReports:
     def absorb(self, result: dict[str, Any], supervisor: Supervisor) -> None:
         """Log a report the syncer gave (`poll` and `finish` take them): its events, status and error."""
         # A restarted syncer reports the rounds of its predecessor's journal again: log each once.
-        events = [e for e in result["events"] if e["kind"] != "round_closed" or self._new_round(e)]
-        for event in events:
-            self.rundir.event(**event)
-            if event["kind"] == "push_rejected":
-                self.rejected[event["learner"]] = self.rejected.get(event["learner"], 0) + 1
-            elif event["kind"] == "push_accepted" and (push := Accepted.of(event)) is not None:
+        reported = [e for e in result["events"] if not isinstance(e, events.RoundClosed) or self._new_round(e)]
+        for event in reported:
+            self.rundir.event(event)
+            if isinstance(event, events.PushRejected):
+                self.rejected[event.learner] = self.rejected.get(event.learner, 0) + 1
+            elif isinstance(event, events.PushAccepted):
+                push = Accepted.of(event)
                 self._waiting.setdefault(push.fragment, {})[(push.learner, push.seq)] = push
-            elif event["kind"] == "round_closed" and event["fragment"] in self._waiting:
+            elif isinstance(event, events.RoundClosed) and event.fragment in self._waiting:
                 # Every push accepted before the round closed is in it, superseded ones too.
-                waiting = self._waiting[event["fragment"]]
-                for key in [key for key, push in waiting.items() if push.version < event["version"]]:
+                waiting = self._waiting[event.fragment]
+                for key in [key for key, push in waiting.items() if push.version < event.version]:
                     del waiting[key]
-        supervisor.note_syncer_events(events)
+        supervisor.note_syncer_events(reported)
         self.status = result["status"]
         supervisor.syncer_pid = self.status.get("pid")
         if result["error"]:
             self.failure = f"syncer failed:\n{result['error']}"
 
-    def _new_round(self, event: dict[str, Any]) -> bool:
-        key = (event["fragment"], event["version"])
+    def _new_round(self, event: events.RoundClosed) -> bool:
+        key = (event.fragment, event.version)
         if key in self._rounds_logged:
             return False
         self._rounds_logged.add(key)
         return True
 
 
-def rounds_kept(logged: set[tuple[Any, Any]], versions: list[int]) -> set[tuple[int, int]]:
+def rounds_kept(logged: set[tuple[int, int]], versions: list[int]) -> set[tuple[int, int]]:
     """Of the (fragment, version) rounds in events.jsonl, those the restored syncer's state holds.
 
     Rounds after its versions were lost with what it restored from (a journal moved aside): those
     versions are made again, and their new rounds must be logged, not taken for repeats.
     """
-    return {
-        (p, v)
-        for p, v in logged
-        if isinstance(p, int) and isinstance(v, int) and 0 <= p < len(versions) and v <= versions[p]
-    }
+    return {(p, v) for p, v in logged if 0 <= p < len(versions) and v <= versions[p]}
 
 
 def lost_pushes(accepted: Iterable[Accepted], versions: Sequence[int]) -> list[Accepted]:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from dlc.config.schema import Recipe
 from dlc.observe.trackers.points import EventCounts, Note, Point, metric_points, status_points
+from dlc.run import events
 from dlc.run.files import TRACKERS_FILE, read_json, write_json_atomic
 
 STATUS_EVERY_S = 5.0  # status.json is rewritten every second; the trackers get a point every few seconds
@@ -118,12 +119,13 @@ class Trackers:
         if points:
             self._each(lambda tracker: tracker.log(points, record["t"]))
 
-    def event(self, record: dict[str, Any]) -> None:
+    def event(self, event: events.Event) -> None:
         with self._lock:
-            points = self._counts.points(record, self.step)
-            note = self._counts.note(record, self.step)
+            points = self._counts.points(event, self.step)
+            note = self._counts.note(event, self.step)
         if points:
-            self._each(lambda tracker: tracker.log(points, record["t"]))
+            t = event.t or time.time()
+            self._each(lambda tracker: tracker.log(points, t))
         if note is not None:
             self._each(lambda tracker: tracker.note(note))
 

@@ -12,42 +12,44 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dlc.run import events
+
 # The axes a point's step counts (W&B plots each series against its axis, logged beside it).
 MEAN_STEP = "step/mean"
 TOKENS = "tokens"
 
 # Events that become notes (annotations): faults, recoveries, chaos, the run's start and end.
-NOTED = frozenset(
+NOTED: frozenset[type[events.Event]] = frozenset(
     {
-        "run_resumed",
-        "run_finished",
-        "learner_died",
-        "learner_restarted",
-        "learner_rejoined",
-        "learner_recovered",
-        "learner_stalled",
-        "learner_thawed",
-        "learner_slowed",
-        "learner_joining",
-        "learner_left",
-        "learner_lost",
-        "learner_preempted",
-        "node_draining",
-        "link_degraded",
-        "link_cut",
-        "restart_retried",
-        "state_copy_retried",
-        "node_killed",
-        "syncer_died",
-        "syncer_restarted",
-        "push_lost",  # an acceptance that died with the syncer: the push is accepted again
-        "round_lost",
-        "member_lost",
-        "reconfigure",
-        "chaos",
-        "chaos_started",
-        "chaos_finished",
-        "control_ignored",
+        events.RunResumed,
+        events.RunFinished,
+        events.LearnerDied,
+        events.LearnerRestarted,
+        events.LearnerRejoined,
+        events.LearnerRecovered,
+        events.LearnerStalled,
+        events.LearnerThawed,
+        events.LearnerSlowed,
+        events.LearnerJoining,
+        events.LearnerLeft,
+        events.LearnerLost,
+        events.LearnerPreempted,
+        events.NodeDraining,
+        events.LinkDegraded,
+        events.LinkCut,
+        events.RestartRetried,
+        events.StateCopyRetried,
+        events.NodeKilled,
+        events.SyncerDied,
+        events.SyncerRestarted,
+        events.PushLost,  # an acceptance that died with the syncer: the push is accepted again
+        events.RoundLost,
+        events.MemberLost,
+        events.Reconfigure,
+        events.Chaos,
+        events.ChaosStarted,
+        events.ChaosFinished,
+        events.ControlIgnored,
     }
 )
 
@@ -142,10 +144,10 @@ def status_points(snapshot: dict[str, Any]) -> list[Point]:
     return points
 
 
-def _event_step(record: dict[str, Any], mean_step: float) -> float:
+def _event_step(event: events.Event, mean_step: float) -> float:
     """An event's own step (a learner's, when it names one), else the learners' mean step."""
-    step = record.get("step")
-    return float(step) if isinstance(step, int | float) and not isinstance(step, bool) else mean_step
+    step = getattr(event, "step", None)
+    return float(step) if isinstance(step, int) else mean_step
 
 
 class EventCounts:
@@ -157,21 +159,21 @@ class EventCounts:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
-    def points(self, record: dict[str, Any], mean_step: float) -> list[Point]:
-        kind, step = record.get("kind"), _event_step(record, mean_step)
-        if kind == "round_closed":
-            return _point("sync/contributors", len(record.get("contributors") or []), step, MEAN_STEP)
-        if kind not in NOTED:
+    def points(self, event: events.Event, mean_step: float) -> list[Point]:
+        step = _event_step(event, mean_step)
+        if isinstance(event, events.RoundClosed):
+            return _point("sync/contributors", len(event.contributors), step, MEAN_STEP)
+        if type(event) not in NOTED:
             return []
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        return _point(f"events/{kind}", self.counts[kind], step, MEAN_STEP)
+        self.counts[event.kind] = self.counts.get(event.kind, 0) + 1
+        return _point(f"events/{event.kind}", self.counts[event.kind], step, MEAN_STEP)
 
     @staticmethod
-    def note(record: dict[str, Any], mean_step: float) -> Note | None:
-        kind = record.get("kind")
-        if kind not in NOTED:
+    def note(event: events.Event, mean_step: float) -> Note | None:
+        """The event as one line of text (its fields the writer knew), or None for one not noted."""
+        if type(event) not in NOTED:
             return None
-        fields = {k: v for k, v in record.items() if k not in ("t", "kind")}
+        fields = {k: v for k, v in event.fields().items() if v is not None}
         detail = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in fields.items())
-        step = _event_step(record, mean_step)
-        return Note(float(record.get("t") or 0.0), round(step), str(kind), f"{kind} {detail}".strip())
+        step = _event_step(event, mean_step)
+        return Note(event.t or 0.0, round(step), event.kind, f"{event.kind} {detail}".strip())

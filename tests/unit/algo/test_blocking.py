@@ -184,7 +184,7 @@ def test_silence_drops_a_member_once_and_changes_during_a_pause_fold_into_it():
     assert syncer.pauses == 1
     syncer.tick()
     assert syncer.pauses == 1
-    kinds = [e["kind"] for e in syncer.drain_events()]
+    kinds = [e.kind for e in syncer.drain_events()]
     assert kinds.count("reconfigure") == 1 and kinds.count("reconfigure_folded") == 1
 
 

@@ -11,6 +11,7 @@ from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.data.corpus import load_corpus, split_corpus
 from dlc.data.plan import DataPlan
+from dlc.run import events
 from tests.fakes import Direct
 from tests.helpers import twin_recipe
 
@@ -47,15 +48,15 @@ def test_bytes_per_push_match_the_codec():
         run.step_all()
     plan = run.syncs[0].plan
     codec = get_codec("int4", 64)
-    pushed = [e for e in run.syncer.drain_events() if e["kind"] == "push_accepted"]
+    pushed = [e for e in run.syncer.drain_events() if isinstance(e, events.PushAccepted)]
     assert len(pushed) >= 16
     # By hand for one fragment of n values: ceil(n/2) payload bytes + 4 * ceil(n/64) scale bytes.
     n = plan.size(0)
     assert codec.encoded_nbytes(n) == -(-n // 2) + 4 * -(-n // 64)
     for learner in (0, 1):
-        expected = sum(codec.encoded_nbytes(plan.size(e["fragment"])) for e in pushed if e["learner"] == learner)
+        expected = sum(codec.encoded_nbytes(plan.size(e.fragment)) for e in pushed if e.learner == learner)
         assert run.syncs[learner].transport.bytes_sent == expected
-        assert all(e["bytes"] == codec.encoded_nbytes(plan.size(e["fragment"])) for e in pushed)
+        assert all(e.bytes == codec.encoded_nbytes(plan.size(e.fragment)) for e in pushed)
     assert run.syncer.counters.bytes_up == sum(s.transport.bytes_sent for s in run.syncs)
 
 
@@ -344,10 +345,10 @@ def test_weights_follow_the_tokens_behind_each_push_with_unequal_batches():
         run.step_all()
     run.finish()
     weights = np.zeros(2)
-    rounds = [e for e in run.syncer.drain_events() if e["kind"] == "round_closed"]
+    rounds = [e for e in run.syncer.drain_events() if isinstance(e, events.RoundClosed)]
     assert len(rounds) >= 10
     for event in rounds:
-        for learner, weight in zip(event["contributors"], event["weights"], strict=True):
+        for learner, weight in zip(event.contributors, event.weights, strict=True):
             weights[learner] += weight / len(rounds)
     tokens = np.array([learner.tokens for learner in run.learners], dtype=float)
     np.testing.assert_allclose(weights, tokens / tokens.sum(), rtol=0.10)

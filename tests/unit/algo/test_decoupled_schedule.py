@@ -15,6 +15,7 @@ from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.local import InProcessRun
 from dlc.data.corpus import load_corpus, split_corpus
 from dlc.data.plan import DataPlan
+from dlc.run import events
 from tests.helpers import twin_recipe
 
 LEARNERS = 4
@@ -32,7 +33,7 @@ def rounds_between(run: InProcessRun, from_s: float, until_s: float) -> list[set
     run.run_until(from_s)
     run.syncer.drain_events()
     run.run_until(until_s)
-    return [set(e["contributors"]) for e in run.syncer.drain_events() if e["kind"] == "round_closed"]
+    return [set(e.contributors) for e in run.syncer.drain_events() if isinstance(e, events.RoundClosed)]
 
 
 def mean(xs) -> float:
@@ -54,15 +55,15 @@ def test_a_learner_20_percent_slower_lands_in_nearly_every_round_with_a_fair_wei
     run.run_until(3.0)
     run.syncer.drain_events()
     run.run_until(10.0)
-    closed = [e for e in run.syncer.drain_events() if e["kind"] == "round_closed"]
-    with_slow = [e for e in closed if 3 in e["contributors"]]
+    closed = [e for e in run.syncer.drain_events() if isinstance(e, events.RoundClosed)]
+    with_slow = [e for e in closed if 3 in e.contributors]
     assert len(with_slow) >= 0.9 * len(closed)
     # Same batch size for all: tokens^2/steps weighs each by the tokens it brings (fewer steps a
     # round for the slow one, more when a late push rides along), never one vote per learner.
     for e in with_slow:
-        per_token = [w / t for w, t in zip(e["weights"], e["tokens"], strict=True)]
+        per_token = [w / t for w, t in zip(e.weights, e.tokens, strict=True)]
         assert max(per_token) == pytest.approx(min(per_token), rel=0.02)
-    assert len({tuple(e["tokens"]) for e in with_slow}) > 1  # and the slow one's tokens differ
+    assert len({tuple(e.tokens) for e in with_slow}) > 1  # and the slow one's tokens differ
 
 
 def test_a_frozen_learner_is_skipped_and_rounds_go_on_without_it():
@@ -71,7 +72,7 @@ def test_a_frozen_learner_is_skipped_and_rounds_go_on_without_it():
     run = make(quorum=LEARNERS)
     run.freeze(3, 2.0, 10.0)
     run.run_until(14.0)
-    contributors = [set(e["contributors"]) for e in run.syncer.drain_events() if e["kind"] == "round_closed"]
+    contributors = [set(e.contributors) for e in run.syncer.drain_events() if isinstance(e, events.RoundClosed)]
     without = [c for c in contributors if 3 not in c]
     assert without and all(c == {0, 1, 2} for c in without)
     assert len(without) >= 20  # the frozen learner never held the others up for long

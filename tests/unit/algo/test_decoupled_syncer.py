@@ -12,6 +12,7 @@ from dlc.algo.decoupled.syncer import IDLE_TICK_S, DecoupledSyncer
 from dlc.config.schema import Recipe
 from dlc.core.codec import get_codec
 from dlc.core.fragments import FragmentPlan
+from dlc.run import events
 from tests.fakes import FakeClock
 
 SHAPES = {"a": (4, 2), "b": (8,)}  # 16 values; P=2 puts a (8 values) and b (8 values) apart
@@ -71,8 +72,8 @@ def test_quorum_of_two_waits_then_merges_weighted_mean_and_delivers_to_all():
     # Down in bf16 (the default), once per round to each member: 2 bytes a value. Up: fp32 here.
     assert syncer.counters.bytes_down == 3 * size * 2 and syncer.counters.bytes_up == 2 * size * 4
     assert syncer.counters.contributed == {0: 1, 1: 1}
-    closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
-    assert closed[0]["contributors"] == [0, 1] and closed[0]["weights"] == [0.3333, 0.6667]
+    closed = [e for e in syncer.drain_events() if isinstance(e, events.RoundClosed)]
+    assert closed[0].contributors == [0, 1] and closed[0].weights == [0.3333, 0.6667]
 
 
 def test_round_closes_early_when_every_healthy_learner_pushed():
@@ -176,8 +177,8 @@ def test_slow_learner_inside_the_grace_window_is_included_beyond_it_is_not():
     assert syncer.tick() == 1
     clock.now = 1.5
     syncer.push(push(2, 0, np.ones(size), seq=0))  # the straggler, beyond the window
-    closed = [e for e in syncer.drain_events() if e["kind"] == "round_closed"]
-    assert closed[0]["contributors"] == [0, 1]
+    closed = [e for e in syncer.drain_events() if isinstance(e, events.RoundClosed)]
+    assert closed[0].contributors == [0, 1]
     assert syncer.book.pending(0) == {2}  # it makes the next round of fragment 0
 
 

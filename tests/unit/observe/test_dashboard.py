@@ -19,6 +19,7 @@ from rich.console import Console
 
 from dlc.observe.dashboard import render, sparkline
 from dlc.observe.reader import RunReader
+from dlc.run import events
 from tests.fixtures_runs import NOW, T0, chaos_entries, dead_pid, learner_row, make_run, status, summary
 from tests.helpers import REPO, TINY, cells, kill_tree, row, start_train, wait_for_step
 
@@ -124,12 +125,14 @@ def test_a_killed_learner_shows_dead_before_the_driver_notices(tmp_path):
 
 def test_deaths_outside_chaos_come_from_the_event_log(tmp_path):
     path = make_run(tmp_path / "r")
+    died = events.LearnerDied(t=T0 + 70, learner=1, step=62, data_position=62, pid=123)
+    recovered = events.LearnerRecovered(t=T0 + 80, learner=1, after_s=9.5, fault="kill")
     with open(path / "events.jsonl", "a") as f:
-        f.write(json.dumps({"t": T0 + 70, "kind": "learner_died", "learner": 1, "pid": 123}) + "\n")
-        f.write(json.dumps({"t": T0 + 80, "kind": "learner_recovered", "learner": 1, "after_s": 9.5}) + "\n")
+        f.writelines(json.dumps(e.record()) + "\n" for e in (died, recovered))
     feed = frame(path).split("faults and recoveries")[1]
     lines = [line.split() for line in feed.splitlines()]
-    assert any(line[2:7] == ["unplanned", "learner", "1", "died", "pid=123"] for line in lines)
+    death = ["unplanned", "learner", "1", "died", "step=62", "data_position=62", "pid=123"]
+    assert any(line[2:9] == death for line in lines)
     assert any(line[2:7] == ["unplanned", "learner", "1", "recovered", "after_s=9.5"] for line in lines)
     # With chaos.jsonl present, the feed is chaos's own record (it logs the same deaths).
     (path / "chaos.jsonl").write_text(json.dumps(chaos_entries()[0]) + "\n")

@@ -11,6 +11,7 @@ import pytest
 
 from dlc.errors import UserError
 from dlc.observe.reader import RunReader, voided
+from dlc.run import events
 from dlc.run.files import JsonlTail, resolve_run
 from tests.fixtures_runs import ELAPSED_S, NOW, T0, make_run, status, summary
 
@@ -90,19 +91,30 @@ def test_resolve_run_picks_the_latest_and_refuses_non_runs(tmp_path):
 
 
 def test_a_lost_record_voids_the_latest_acceptance_or_round_before_it():
-    def push(kind, seq, learner=0):
-        return {"kind": kind, "learner": learner, "fragment": 0, "seq": seq, "version": 2}
+    def accepted(seq, learner=0):
+        return events.PushAccepted(learner=learner, fragment=0, seq=seq, base_version=1, version=2, bytes=512, steps=4)
 
-    events = [
-        push("push_accepted", 1),  # 0: merged
-        push("push_accepted", 2),  # 1: lost with the syncer ...
-        push("push_accepted", 2, learner=1),  # 2: another learner's seq 2: kept
-        {"kind": "round_closed", "fragment": 0, "version": 3},  # 3: lost at a resume from an older state
-        {"kind": "round_lost", "fragment": 0, "version": 3},
-        push("push_lost", 2),
-        push("push_accepted", 2),  # 6: ... and accepted again: kept
-        {"kind": "round_closed", "fragment": 0, "version": 3},  # 7: made again: kept
-        push("push_lost", 9),  # an acceptance the log never held: voids nothing
-        {"kind": "round_lost", "fragment": 1, "version": 1},
+    def lost_push(seq):
+        return events.PushLost(learner=0, fragment=0, seq=seq, version=2, bytes=512, reason="syncer_died")
+
+    def closed(fragment, version):
+        return events.RoundClosed(
+            fragment=fragment, version=version, contributors=[0], weights=[1.0], tokens=[64], seqs=[1]
+        )
+
+    def lost_round(fragment, version, reason="syncer_died"):
+        return events.RoundLost(fragment=fragment, version=version, reason=reason)
+
+    logged = [
+        accepted(1),  # 0: merged
+        accepted(2),  # 1: lost with the syncer ...
+        accepted(2, learner=1),  # 2: another learner's seq 2: kept
+        closed(0, 3),  # 3: lost at a resume from an older state
+        lost_round(0, 3, "run_stopped"),
+        lost_push(2),
+        accepted(2),  # 6: ... and accepted again: kept
+        closed(0, 3),  # 7: made again: kept
+        lost_push(9),  # an acceptance the log never held: voids nothing
+        lost_round(1, 1),
     ]
-    assert voided(events) == {1, 3}
+    assert voided(logged) == {1, 3}

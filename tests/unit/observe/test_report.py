@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dlc.observe.report import write_report
 from dlc.observe.runs import RunData, goodput_series, learner_steps_at, load_run, merged_share
+from dlc.run import events
 from tests.fixtures_runs import T0, finished_run, make_run
 
 
@@ -97,20 +100,33 @@ def test_load_run_reads_progress_bytes_and_steps(tmp_path):
 
 def test_a_push_and_a_round_lost_with_the_syncer_and_made_again_count_once(tmp_path):
     path = finished_run(tmp_path / "r")
-    push = {"kind": "push_accepted", "learner": 0, "fragment": 3, "seq": 1000, "version": 7, "bytes": 500}
-    round_ = {"kind": "round_closed", "fragment": 5, "version": 9, "tokens": [24 * 1024], "merged": [[1, 77]]}
+    # Learner 0's next push of fragment 3 and the next round of fragment 5 (the fixture's left both at version 17).
+    push = events.PushAccepted(learner=0, fragment=3, seq=101, base_version=16, version=17, bytes=500, steps=24)
+    round_ = events.RoundClosed(
+        fragment=5,
+        version=18,
+        contributors=[1],
+        weights=[1.0],
+        tokens=[24 * 1024],
+        seqs=[101],
+        staleness=[1],
+        merged=[(1, 101)],
+    )
+    restarted = events.SyncerRestarted(
+        after_s=3.0, resent_pushes=1, versions=[17] * 24, checkpoint_rounds=384, journal_rounds=15, rounds_closed=399
+    )
     later = [
         push,
         round_,
-        {"kind": "syncer_died"},
-        {"kind": "round_lost", "fragment": 5, "version": 9, "reason": "syncer_died"},
-        {**push, "kind": "push_lost", "reason": "syncer_died"},
-        {"kind": "syncer_restarted"},
+        events.SyncerDied(),
+        events.RoundLost(fragment=5, version=18, reason="syncer_died"),
+        events.PushLost(learner=0, fragment=3, seq=101, version=17, bytes=500, reason="syncer_died"),
+        restarted,
         push,  # re-sent and accepted again
         round_,  # made again
     ]
     with open(path / "events.jsonl", "a") as f:
-        f.writelines(json.dumps({"t": T0 + 100 + i, **e}) + "\n" for i, e in enumerate(later))
+        f.writelines(json.dumps({"t": T0 + 100 + i, **e.record()}) + "\n" for i, e in enumerate(later))
     run = load_run(path, "r")
     # The fixture's 400 rounds of 1,024 tokens and 400 pushes, then one more of each.
     assert len(run.merged) == 401 and sum(x for _, x in run.merged) == 410_624
@@ -119,10 +135,21 @@ def test_a_push_and_a_round_lost_with_the_syncer_and_made_again_count_once(tmp_p
 
 def test_without_chaos_the_faults_are_the_deaths_in_the_event_log(tmp_path):
     path = make_run(tmp_path / "r")
+    died = events.LearnerDied(t=1800000070, learner=1, step=62, data_position=62, pid=4321)
     with open(path / "events.jsonl", "a") as f:
-        f.write('{"t": 1800000070, "kind": "learner_died", "learner": 1}\n')
+        f.write(json.dumps(died.record()) + "\n")
     (entry,) = load_run(path, "r").chaos
-    assert entry == {"t": 1800000070, "fault": "unplanned", "target": "learner 1", "learner": 1, "phase": "died"}
+    # Its numbers come along, as the feed of `dlc status` shows them.
+    assert entry == {
+        "t": 1800000070,
+        "step": 62,
+        "data_position": 62,
+        "pid": 4321,
+        "fault": "unplanned",
+        "target": "learner 1",
+        "learner": 1,
+        "phase": "died",
+    }
 
 
 def test_merged_share_by_hand():
@@ -139,6 +166,14 @@ def test_learner_steps_by_hand():
     assert learner_steps_at(run, np.array([5.0, 15.0, 20.0, 30.0, 40.0])).tolist() == [0, 50, 100, 150, 150]
 
 
+def as_older_dlc_wrote(path: Path, kind: str, older: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Rewrite each `kind` line of the run's events.jsonl as `older` makes it: the line an older dlc wrote,
+    which lacks fields this one's record needs."""
+    log = path / "events.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    log.write_text("".join(json.dumps(older(line) if line["kind"] == kind else line) + "\n" for line in lines))
+
+
 def test_the_table_says_which_devices_the_learners_trained_on(tmp_path):
     from dlc.observe.report import table_rows
 
@@ -151,10 +186,22 @@ def test_the_table_says_which_devices_the_learners_trained_on(tmp_path):
     assert dict(table_rows(load_run(mixed, "mixed")))["devices"] == f"3 x cpu, 1 x {h100}"
     # A run whose rows do not say (written before devices were recorded): its learner_started events do.
     older = finished_run(tmp_path / "older")
+    as_older_dlc_wrote(older, "learner_started", lambda line: {k: line[k] for k in ("t", "kind", "learner", "pid")})
     assert dict(table_rows(load_run(older, "older")))["devices"] == "-"
     with open(older / "events.jsonl", "a") as f:
         for i in range(4):
-            f.write(json.dumps({"t": T0 + 11, "kind": "learner_started", "learner": i, "device": h100}) + "\n")
+            started = events.LearnerStarted(
+                t=T0 + 11,
+                learner=i,
+                pid=1000 + i,
+                platform="gpu",
+                device_kind="NVIDIA H100 80GB HBM3",
+                device=h100,
+                node="10.0.0.2",
+                node_id="bbbbbb22" * 7,
+                allocator="kept, one arena",
+            )
+            f.write(json.dumps(started.record()) + "\n")
     assert dict(table_rows(load_run(older, "older")))["devices"] == f"4 x {h100}"
 
 
@@ -162,11 +209,32 @@ def test_the_table_says_what_the_run_trained_on_and_its_vocabulary(tmp_path):
     from dlc.observe.report import table_rows
 
     run = finished_run(tmp_path / "bpe")
-    assert dict(table_rows(load_run(run, "bpe")))["data"] == "-"  # a run from before tokenizers were recorded
+    # A run from before tokenizers were recorded: its run_started said the corpus's bytes, not the data.
+    as_older_dlc_wrote(
+        run,
+        "run_started",
+        lambda line: {
+            **{k: line[k] for k in ("t", "kind", "run_dir", "storage", "learners", "algorithm", "resumed")},
+            "corpus_bytes": 1_000_000,
+            "eval_bytes": 50_000,
+        },
+    )
+    assert dict(table_rows(load_run(run, "bpe")))["data"] == "-"
+    started = events.RunStarted(
+        t=T0 + 1,
+        run_dir=str(run),
+        storage=str(run),
+        algorithm="decoupled",
+        learners=4,
+        data="/d/stdlib-bpe",
+        tokenizer="bpe:4096",
+        train_tokens=400_000,
+        eval_tokens=20_000,
+        eval_bytes_per_token=2.5,
+        resumed=False,
+    )
     with open(run / "events.jsonl", "a") as f:
-        f.write(
-            json.dumps({"t": T0 + 1, "kind": "run_started", "data": "/d/stdlib-bpe", "tokenizer": "bpe:4096"}) + "\n"
-        )
+        f.write(json.dumps(started.record()) + "\n")
     recipe = (run / "recipe.yaml").read_text()
     (run / "recipe.yaml").write_text(recipe.replace("vocab_size: null", "vocab_size: 4096"))
     ended = json.loads((run / "summary.json").read_text())

@@ -18,6 +18,7 @@ from dlc.observe.trackers import Trackers, check_trackers, default_trackers
 from dlc.observe.trackers.fanout import STATUS_EVERY_S
 from dlc.observe.trackers.mlflow import store_uri
 from dlc.observe.trackers.points import MEAN_STEP, TOKENS, Note, Point, metric_points, status_points
+from dlc.run import events
 from dlc.run.rundir import RunDir
 from tests.helpers import TINY
 from tests.tracker_files import (
@@ -71,10 +72,22 @@ def train_a_little(rundir: RunDir, steps: tuple[int, ...], state: str) -> None:
                 kind="train", learner=learner, step=step, loss=4.0 - step / 100, grad_norm=1.0, tokens_per_s=1e3
             )
         rundir.write_status(status(step))
-        rundir.event("push_accepted", learner=0, fragment=1, bytes=100)  # not for the trackers
-        rundir.event("round_closed", fragment=1, version=step, contributors=[0, 1])
+        accepted = events.PushAccepted(
+            learner=0, fragment=1, seq=step, base_version=step - 1, version=step, bytes=100, steps=10
+        )
+        rundir.event(accepted)  # not for the trackers
+        rundir.event(
+            events.RoundClosed(
+                fragment=1,
+                version=step,
+                contributors=[0, 1],
+                weights=[0.5, 0.5],
+                tokens=[5120, 5120],
+                seqs=[step, step],
+            )
+        )
     rundir.metric(kind="eval", step=float(steps[-1]), tokens=steps[-1] * 2048, eval_loss=3.5, eval_bpb=5.0)
-    rundir.event("chaos", fault="kill", target="learner 1", learner=1, phase="injected")
+    rundir.event(events.Chaos.of({"fault": "kill", "target": "learner 1", "learner": 1, "phase": "injected"}))
     rundir.write_status(status(steps[-1], state))
 
 
@@ -115,7 +128,8 @@ def test_every_tracker_reads_back_what_the_run_recorded(tmp_path, offline, monke
     assert tb["sync/contributors"] == [(10, 2.0), (20, 2.0)]  # rounds at the mean step the last status gave
     assert tb["events/chaos"] == [(20, 1.0)] and "events/push_accepted" not in tb
     (note,) = tensorboard_texts(run / "tensorboard", "events")
-    assert note[0] == 20 and 'chaos fault="kill" target="learner 1"' in note[1]
+    # The record's fields in their declared order (fault, phase, target, learner), then its line's others.
+    assert note[0] == 20 and 'chaos fault="kill" target="learner 1" learner=1 phase="injected"' in note[1]
 
     ids = json.loads((run / "trackers.json").read_text())
     (offline_run,) = wandb_runs(run)

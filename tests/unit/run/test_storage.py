@@ -12,7 +12,7 @@ from dlc.config.load import load_recipe
 from dlc.errors import UserError
 from dlc.run.rundir import RunDir
 from dlc.run.storage import RunStorage, storage_path
-from tests.helpers import TINY
+from tests.helpers import TINY, run_started
 
 NODE = "10.0.0.7 (gpu-7, id 3f2a9c1e)"
 
@@ -60,7 +60,7 @@ def test_a_url_run_dir_keeps_checkpoints_there_and_the_drivers_files_here(tmp_pa
     assert layout.path == local and layout.storage.location == url and not layout.resume
     assert not local.exists() and not (tmp_path / "bucket").exists()  # checking writes nothing
     rundir = RunDir.create(layout, recipe)
-    rundir.event("run_started")
+    rundir.event(run_started(local))
     rundir.close()
     assert (local / "events.jsonl").is_file() and (local / "recipe.yaml").is_file()
     stored = tmp_path / "bucket" / "exp1"

@@ -11,6 +11,7 @@ from typing import Any
 from dlc.engine.supervision.agent import Signals
 from dlc.engine.supervision.chaos_log import ChaosLog
 from dlc.engine.supervision.control import carry_out
+from dlc.run import events
 
 
 class FakeAgents:
@@ -24,11 +25,21 @@ class FakeAgents:
         return SimpleNamespace(kill=method("kill"), stall=method("stall"))
 
 
-def _signals(tmp_path: Path) -> tuple[Signals, FakeAgents, list[dict[str, Any]]]:
-    events: list[dict[str, Any]] = []
-    rundir = SimpleNamespace(path=tmp_path, event=lambda kind, **f: events.append({"kind": kind, **f}))
+def _written(said: list[events.Event]) -> Any:
+    """A run directory's `event`, appending to `said`: each record checked as the real one checks it in tests."""
+
+    def event(record: events.Event) -> None:
+        assert events.wrong(record) is None, events.wrong(record)
+        said.append(record)
+
+    return event
+
+
+def _signals(tmp_path: Path) -> tuple[Signals, FakeAgents, list[events.Event]]:
+    said: list[events.Event] = []
+    rundir = SimpleNamespace(path=tmp_path, event=_written(said))
     agents = FakeAgents()
-    return Signals(rundir, ChaosLog(rundir), agents), agents, events  # type: ignore[arg-type]
+    return Signals(rundir, ChaosLog(rundir), agents), agents, said  # type: ignore[arg-type]
 
 
 LIVE = {
@@ -39,7 +50,7 @@ LIVE = {
 
 
 def test_each_signal_goes_to_the_agent_on_its_targets_node(tmp_path: Path):
-    signals, agents, events = _signals(tmp_path)
+    signals, agents, said = _signals(tmp_path)
     signals.carry_out({"op": "kill", "learner": 1, "pid": 101}, LIVE, 900, "a")
     signals.carry_out({"op": "stall", "learner": 2, "pid": 102, "duration_s": 8.0}, LIVE, 900, "a")
     signals.carry_out({"op": "kill_node", "learner": 2, "node": "a", "t": 5.0}, LIVE, 900, "a")
@@ -50,19 +61,19 @@ def test_each_signal_goes_to_the_agent_on_its_targets_node(tmp_path: Path):
         ("a", "kill", ([100, 102],)),  # every live learner on node a, at once
         ("a", "kill", ([900],)),  # the syncer, on the driver's node
     ]
-    killed = {"kind": "node_killed", "node_id": "a", "node": "10.0.0.1", "learners": [0, 2], "pids": [100, 102]}
-    assert events == [killed]
+    assert said == [events.NodeKilled(node_id="a", node="10.0.0.1", learners=[0, 2], pids=[100, 102])]
     # Their deaths are the lost node's in chaos.jsonl's outcomes, unless a later kill named them.
     assert [signals.chaos.death_fault(i) for i in (0, 1, 2)] == ["kill_node", "kill", "kill_node"]
 
 
 def test_a_request_for_a_process_that_is_gone_or_replaced_is_not_carried_out(tmp_path: Path):
-    signals, agents, events = _signals(tmp_path)
+    signals, agents, said = _signals(tmp_path)
     signals.carry_out({"op": "kill", "learner": 1, "pid": 77}, LIVE, 900, "a")  # restarted since chaos looked
     signals.carry_out({"op": "stall", "learner": 5, "pid": 105, "duration_s": 1.0}, LIVE, 900, "a")
     signals.carry_out({"op": "kill_syncer", "learner": None, "pid": 899}, LIVE, 900, "a")
     assert agents.calls == []
-    assert [e["reason"] for e in events] == [
+    assert all(isinstance(e, events.ControlIgnored) for e in said)
+    assert [e.reason for e in said] == [  # type: ignore[attr-defined]
         "learner 1 is not the process chaos saw (pid 101 now)",
         "learner 5 is not live",
         "the syncer is not the process chaos saw (pid 900 now)",
@@ -80,13 +91,13 @@ class _Recorder:
 
 
 def test_a_slow_or_link_request_is_carried_out_with_its_own_factor_and_one_without_is_ignored():
-    learner, syncer, events = _Recorder(), _Recorder(), []
+    learner, syncer, said = _Recorder(), _Recorder(), []
     supervisor = SimpleNamespace(
         slots={1: SimpleNamespace(handle=learner, view={})},
         live=lambda: [1],
         syncer=syncer,
         join_streams=0,
-        rundir=SimpleNamespace(event=lambda kind, **fields: events.append((kind, fields))),
+        rundir=SimpleNamespace(event=_written(said)),
     )
     carry_out({"op": "slow", "learner": 1, "factor": 3.0, "duration_s": None}, supervisor)
     carry_out({"op": "degrade_link", "learner": 1, "factor": 30.0, "duration_s": 12.0}, supervisor)
@@ -101,6 +112,6 @@ def test_a_slow_or_link_request_is_carried_out_with_its_own_factor_and_one_witho
         {"op": "cut_link", "learner": 1},
     ):
         carry_out(partial, supervisor)
-    ignored = [fields for kind, fields in events if kind == "control_ignored"]
-    assert len(ignored) == 4 and all("factor or duration missing" in f["reason"] for f in ignored)
+    ignored = [e for e in said if isinstance(e, events.ControlIgnored)]
+    assert len(ignored) == 4 and all("factor or duration missing" in e.reason for e in ignored)
     assert len(learner.calls) == 3

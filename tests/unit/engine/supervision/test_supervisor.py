@@ -14,6 +14,7 @@ from dlc.engine.supervision import supervisor as supervisor_module
 from dlc.engine.supervision.slots import LearnerSlot
 from dlc.engine.supervision.supervisor import Supervisor
 from dlc.engine.syncer.reports import SyncerReports
+from dlc.run import events
 from dlc.run.rundir import RunDir
 from tests.helpers import TINY
 
@@ -100,14 +101,28 @@ def fake_ray(monkeypatch):
     return fake
 
 
+PID = 4242
+
+
+def answered(name, args, actor_name):
+    """What a learner's process answers unless a test says otherwise, shaped as the real one's answer
+    (the supervisor writes it into its events): its pid once up, where a state copy left it."""
+    if name in ("ready", "take_slot"):
+        return PID
+    if name == "import_state":  # (state, data_position)
+        return {"peer": 0, "step": 50, "data_position": args[1], "copy_s": 0.5}
+    if name == "import_global":  # (global state, data_position, step)
+        return {"peer": None, "step": args[2], "data_position": args[1]}
+    return actor_name
+
+
 class Method:
     def __init__(self, actor, name):
         self.actor, self.name = actor, name
 
     def remote(self, *args):
         self.actor.calls.append((self.name, args))
-        default = {"peer": None, "step": 40} if self.name.startswith("import_") else self.actor.name
-        answer = self.actor.answers.get(self.name, Ref(default))
+        answer = self.actor.answers.get(self.name, Ref(answered(self.name, args, self.actor.name)))
         return answer() if callable(answer) else answer
 
 
@@ -160,8 +175,15 @@ def test_after_a_busy_driver_every_view_is_fresh_before_the_next_chaos_request(r
     assert slot.view["data_position"] == 190
 
 
-def events(rundir):
+def written(rundir):
     return [json.loads(line) for line in (rundir.path / "events.jsonl").read_text().splitlines()]
+
+
+def accepted(learner, fragment=0, seq=0, version=0):
+    """The syncer's record of a push it took."""
+    return events.PushAccepted(
+        learner=learner, fragment=fragment, seq=seq, base_version=version, version=version, bytes=8, steps=4
+    )
 
 
 def test_a_recovery_waits_out_a_syncer_that_died_while_the_learner_registered(rundir, monkeypatch):
@@ -178,7 +200,7 @@ def test_a_recovery_waits_out_a_syncer_that_died_while_the_learner_registered(ru
     assert alive.called("rejoin") == [(1, learner)]
     assert learner.called("set_syncer") == [(alive,)] and learner.called("start") == [(None, None)]
     assert sup.slots[1].recovery is None and sup.slots[1].handle is learner
-    assert [e["kind"] for e in events(rundir)].count("learner_rejoined") == 1
+    assert [e["kind"] for e in written(rundir)].count("learner_rejoined") == 1
 
 
 def test_a_peer_that_dies_mid_copy_costs_a_second_copy_not_a_second_process(rundir, monkeypatch):
@@ -192,7 +214,17 @@ def test_a_peer_that_dies_mid_copy_costs_a_second_copy_not_a_second_process(rund
     # No healthy peer left: the global model, at its previous process's step and data position.
     ((_, position, step),) = learner.called("import_global")
     assert (position, step) == (37, 40)
-    assert [e["kind"] for e in events(rundir)].count("state_copy_retried") == 1
+    assert [e["kind"] for e in written(rundir)].count("state_copy_retried") == 1
+
+
+def test_with_no_healthy_peer_a_new_process_rejoins_from_the_global_model(rundir, monkeypatch):
+    learner = Actor("new")
+    sup, _, _ = recovering(rundir, monkeypatch, Actor("syncer"), learner, peer_state="dead")
+    sup._advance_recoveries()  # process up: no healthy peer to copy
+    sup._advance_recoveries()  # it took the global model, at its previous process's place
+    assert learner.called("import_global") and not learner.called("import_state")
+    (rejoined,) = [e for e in written(rundir) if e["kind"] == "learner_rejoined"]
+    assert (rejoined["peer"], rejoined["step"], rejoined["data_position"], rejoined["copy_s"]) == (None, 40, 37, None)
 
 
 def test_a_process_that_fails_its_recovery_is_killed_before_another_starts(rundir, monkeypatch):
@@ -215,22 +247,25 @@ def test_a_death_and_the_recovery_are_said_on_the_console(rundir, monkeypatch):
     sup._on_death(1)
     assert said == ["learner 1 died at step 40"]
     sup.slots[1].awaiting_first_push = sup.wall() - 3.0
-    sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
+    sup.note_syncer_events([accepted(1)])
     assert said[1].startswith("learner 1 back: pushing again 3.0") and said[1].endswith("s after it died")
-    assert [e["kind"] for e in events(rundir)][-2:] == ["learner_died", "learner_recovered"]
+    assert [e["kind"] for e in written(rundir)][-2:] == ["learner_died", "learner_recovered"]
 
 
 def test_a_console_line_whose_figure_is_unknown_reads_a_question_mark(rundir):
     said: list[str] = []
     rundir.begin()
     sup = Supervisor(load_recipe(TINY), rundir, syncer=None, make_learner=None, join_streams=[], say=said.append)
-    sup._event("learner_stalled", learner=2, silent_s=None)  # a number format, no number
-    sup._event("learner_died", learner=3, step=None)
+    # A notice that did not say how long the leaving took: a number format, no number.
+    notice = {"reason": "SIGTERM", "fragments": None, "leave_s": None, "unpushed_steps": 0.0, "pid": None}
+    sup._event(events.LearnerPreempted(learner=2, step=40, data_position=37, **notice))
+    sup._event(events.LearnerDied(learner=3, step=None, data_position=0, pid=None))
     assert said == [
-        "learner 2 silent for ? s: stalled; the rounds go on without it",
+        "learner 2 preempted (SIGTERM): pushed ? fragments and left ? s after its notice; "
+        "a new process takes its place",
         "learner 3 died at step ?",
     ]
-    assert [e["kind"] for e in events(rundir)][-2:] == ["learner_stalled", "learner_died"]
+    assert [e["kind"] for e in written(rundir)][-2:] == ["learner_preempted", "learner_died"]
 
 
 def test_a_syncer_restart_says_which_acceptances_died_with_it_before_the_learners_re_send(rundir, monkeypatch):
@@ -240,17 +275,16 @@ def test_a_syncer_restart_says_which_acceptances_died_with_it_before_the_learner
     learner = Actor("learner", set_syncer=Ref(1))  # it re-sends one unacknowledged push
     sup = Supervisor(load_recipe(TINY), rundir, Actor("syncer"), make_learner=None, join_streams=[])
     sup.slots[0] = LearnerSlot(handle=learner, stream=None, view={"state": "training"})
-    heard = [
-        {"kind": "push_accepted", "learner": 0, "fragment": 0, "seq": 3, "version": 0, "bytes": 8},
-        {"kind": "round_closed", "fragment": 0, "version": 1, "merged": [[0, 3]]},
-        {"kind": "push_accepted", "learner": 0, "fragment": 1, "seq": 4, "version": 0, "bytes": 8},
-    ]
+    closed = events.RoundClosed(
+        fragment=0, version=1, contributors=[0], weights=[1.0], tokens=[4], seqs=[3], merged=[(0, 3)]
+    )
+    heard = [accepted(0, fragment=0, seq=3), closed, accepted(0, fragment=1, seq=4)]
     reports.absorb({"events": heard, "status": {}, "error": None}, sup)
     new = Actor("syncer2", restore=Ref({"journal_rounds": 1, "versions": [1, 0], "rounds_closed": 1}))
     syncer, said = sup.restart_syncer(lambda: new, reports)
     assert syncer is new and learner.called("set_syncer") == [(new,)]
     assert said.endswith("learners re-sent 1 unacknowledged pushes")
-    tail = [e for e in events(rundir) if e["kind"] != "chaos"][3:]
+    tail = [e for e in written(rundir) if e["kind"] != "chaos"][3:]
     assert [(e["kind"], e.get("seq")) for e in tail] == [
         ("syncer_died", None),
         ("push_lost", 4),
@@ -277,7 +311,7 @@ def test_a_learner_that_left_on_its_notice_is_replaced_and_nothing_it_trained_is
     sup.slots[1] = LearnerSlot(handle=old, stream="s1", view={"state": "leaving"}, ticked_at=now[0])
     sup._poll(lambda i, result: None, now[0])
     assert fake.killed == [old] and sup.slots[1].override == "restarting" and sup.slots[1].death_fault == "preempt"
-    (preempted,) = [e for e in events(rundir) if e["kind"] == "learner_preempted"]
+    (preempted,) = [e for e in written(rundir) if e["kind"] == "learner_preempted"]
     assert preempted | {"t": 0} == {"t": 0, "kind": "learner_preempted", "learner": 1, "step": 40, "pid": None,
                                     "reason": "SIGTERM", "fragments": 24, "leave_s": 1.25, "unpushed_steps": 0.0,
                                     "data_position": 37}  # fmt: skip
@@ -291,7 +325,7 @@ def test_a_learner_that_left_on_its_notice_is_replaced_and_nothing_it_trained_is
     ((_, position, step),) = new.called("import_global")
     assert (position, step) == (37, 40) and sup.restarts[1] == 1 and sup.dead_tokens[1] == 4096
     sup.slots[1].awaiting_first_push = sup.wall() - 2.0
-    sup.note_syncer_events([{"kind": "push_accepted", "learner": 1}])
+    sup.note_syncer_events([accepted(1)])
     assert said[-1].startswith("learner 1 back: pushing again 2.0") and said[-1].endswith("after it left on its notice")
 
 
@@ -309,5 +343,5 @@ def test_learners_on_a_draining_node_get_a_notice_once(rundir, monkeypatch):
         [("node draining", 2000.0)],
         [("node draining", 2000.0)],
     ]
-    (draining,) = [e for e in events(rundir) if e["kind"] == "node_draining"]
+    (draining,) = [e for e in written(rundir) if e["kind"] == "node_draining"]
     assert (draining["node_id"], draining["node"], draining["learners"]) == ("n2", "10.0.0.2", [1, 2])

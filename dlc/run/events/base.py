@@ -1,6 +1,6 @@
 """What every event is: a typed record of one kind, written to events.jsonl as one JSON object a line.
 
-A kind is a frozen dataclass deriving from `Event`, declared with `@declared(group)` in this
+A kind is a frozen dataclass deriving from `Event`, declared with `@declared(group, kind)` in this
 package's modules: its class docstring says what it means and its fields what it carries. Writers
 build the record (`RunDir.event(LearnerDied(learner=2, step=10, ...))`) and readers get records back
 (`parse`, `parse_all`), so a field's name is spelled once and a type checker sees every use.

@@ -16,7 +16,7 @@ import pytest
 
 from dlc.config.load import load_recipe
 from dlc.errors import UserError
-from tests.helpers import REPO, TINY, assert_user_error, invoke
+from tests.helpers import REPO, TINY, assert_user_error, free_metrics_port, invoke
 
 # Started the way `dlc train` starts it, then every process of the cluster looked at with psutil.
 EMBEDDED = """
@@ -110,7 +110,9 @@ def test_a_metrics_port_in_use_or_a_ray_without_its_metrics_agent_is_refused_bef
     from ray._private import utils
 
     monkeypatch.setattr(utils, "get_dashboard_dependency_error", lambda: ImportError("No module named 'aiohttp'"))
-    result = invoke("train", str(TINY), f"metrics.port={port}", f"run.dir={run_dir}")
+    # A port below the ephemeral range: the one above, free again, may be handed meanwhile to a process
+    # of a run beside this test (a Ray cluster of the end-to-end tests), and refused for that instead.
+    result = invoke("train", str(TINY), f"metrics.port={free_metrics_port()}", f"run.dir={run_dir}")
     assert_user_error(result, "needs Ray's metrics agent", "No module named 'aiohttp'", "pip install 'dlc[metrics]'")
     assert not run_dir.exists()
     # Joining a cluster, the endpoint is the cluster's: metrics.enabled, not metrics.port.

@@ -66,7 +66,7 @@ def declared(group: str, kind: str) -> Callable[[type[E]], type[E]]:
     def declare(cls: type[E]) -> type[E]:
         if kind in KINDS:
             raise ValueError(f"event kind {kind!r} is declared twice ({KINDS[kind].__name__}, {cls.__name__})")
-        if not cls.__doc__ or cls.__doc__ == Event.__doc__:
+        if not cls.__doc__:  # a class without one has None (a docstring is not inherited)
             raise ValueError(f"event kind {kind!r} ({cls.__name__}) says what it means in its docstring")
         cls.kind, cls.group = kind, group
         record = dataclass(frozen=True, kw_only=True)(cls)

@@ -15,7 +15,7 @@ from dlc.core.codec import get_codec
 from dlc.core.model import build_model, count_params
 from tests.helpers import TINY, read_jsonl, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.untimed, pytest.mark.timeout(900)]
 
 
 def train(tmp_path, *overrides):

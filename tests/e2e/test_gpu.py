@@ -46,6 +46,7 @@ def kinds(run_dir: Path) -> list[str]:
     return [e["kind"] for e in read_jsonl(run_dir / "events.jsonl")]
 
 
+@pytest.mark.untimed
 def test_a_machine_with_only_jax_and_the_packed_packages_collects_the_gpu_tests_and_trains(tmp_path):
     site = without_packages(tmp_path)
     # Of pytest's plugins, only pytest-timeout is packed: no pytest-xdist, whose options the suite's
@@ -69,6 +70,7 @@ def test_a_machine_with_only_jax_and_the_packed_packages_collects_the_gpu_tests_
     assert not (run_dir / "tensorboard").exists()
 
 
+@pytest.mark.untimed
 @pytest.mark.skipif(GPUS >= 4, reason="this machine has the 4 GPUs the recipe asks for")
 def test_gpus_the_cluster_lacks_are_refused_before_any_process_starts(tmp_path):
     run_dir = tmp_path / "run"
@@ -78,6 +80,7 @@ def test_gpus_the_cluster_lacks_are_refused_before_any_process_starts(tmp_path):
     assert not run_dir.exists()  # refused once the cluster started, before the run directory was made
 
 
+@pytest.mark.untimed
 @pytest.mark.skipif(GPUS > 0, reason="with a GPU and a CUDA jax the learners would train")
 def test_a_learner_whose_jax_has_no_gpu_backend_ends_the_run_in_one_line(tmp_path):
     # Ray is told the machine has a GPU (it has none): the learners are placed, start JAX, find only CPU.

@@ -132,6 +132,7 @@ def test_ctrl_c_pressed_again_and_again_still_ends_cleanly(tmp_path):
     assert left == []
 
 
+@pytest.mark.untimed
 def test_resume_refuses_other_model_and_damaged_checkpoint(tmp_path):
     run_dir = tmp_path / "r"
     base = ("train", str(TINY), f"run.dir={run_dir}", "learners.count=1")

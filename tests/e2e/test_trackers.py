@@ -24,7 +24,7 @@ from tests.tracker_files import (
     wandb_series,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.untimed, pytest.mark.timeout(600)]
 
 
 def wandb_services() -> set[int]:

@@ -3,6 +3,7 @@
     python bench/quality.py sizes  [--sizes w32:model.width=32,w64:model.width=64] [--c 10] [--seeds 0,1,2]
     python bench/quality.py ladder [--sizes w32:model.width=32] ...
     python bench/quality.py learners [--counts 1,2,4,8] ...
+    python bench/quality.py tokens [--sizes w32:model.width=32] [--cs 10,20,40] ...
     python bench/quality.py --from-json DIR/quality.json
 
 The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
@@ -20,10 +21,12 @@ The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
 `sizes` runs data-parallel, decoupled M=4 (the recipe's defaults) and M=1 with the default and
 with a Nesterov momentum of 0.9; `ladder` takes the gap apart from data-parallel to today's
 decoupled rung by rung (each rung adds one thing to the one before); `learners` runs M in
-`--counts`; `--arm` adds candidates on top of the mode's last arm. Each mode records its table in
-bench/RESULTS.md; `--cli` also trains an arm's best setting (the last arm's, or `--cli-arm`'s) at
-every size through the real `dlc train` for seed 0 and reports how far the twin and the CLI agree;
-with `--from-json` it trains only those, beside the twin's runs the file holds.
+`--counts`; `tokens` runs data-parallel and decoupled M=4 at each tokens per parameter of `--cs`,
+H held at `--c`'s (so the rounds grow with the budget); `--arm` adds candidates on top of the
+mode's last arm. Each mode records its table in bench/RESULTS.md; `--cli` also trains an arm's best
+setting (the last arm's, or `--cli-arm`'s) at every size through the real `dlc train` for seed 0
+and reports how far the twin and the CLI agree; with `--from-json` it trains only those, beside the
+twin's runs the file holds.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class Arm:
 
 DP = Arm("data-parallel", dp=True, note="one model, the global batch every step")
 
-PLOT = runner.REPO / "bench" / "quality-sizes.png"
+PLOTS = {"sizes": runner.REPO / "bench" / "quality-sizes.png", "tokens": runner.REPO / "bench" / "quality-tokens.png"}
 
 SIZES_ARMS = (
     DP,
@@ -113,6 +116,7 @@ class Size:
     tokens: int = 0
     steps: int = 0
     H: int = 0
+    c: float = 0.0  # tokens per parameter
 
 
 def parse_sizes(text: str) -> list[Size]:
@@ -125,15 +129,16 @@ def parse_sizes(text: str) -> list[Size]:
     return sizes
 
 
-def plan_size(size: Size, c: float, global_batch: int, min_rounds: int, seq_len: int) -> None:
-    """Tokens, steps and H of a size under the protocol."""
+def plan_size(size: Size, c: float, global_batch: int, min_rounds: int, seq_len: int, H: int = 0) -> None:
+    """Tokens, steps and H of a size under the protocol (H as given, where it is)."""
     from dlc.config.load import load_recipe
     from dlc.core.abstract import param_count
 
     size.params = param_count(load_recipe(runner.REPO / RECIPE, size.overrides).model)
+    size.c = c
     per_step = global_batch * seq_len
     steps = math.ceil(c * size.params / per_step)
-    size.H = max(1, min(24, steps // min_rounds))
+    size.H = H or max(1, min(24, steps // min_rounds))
     size.steps = math.ceil(steps / size.H) * size.H  # a whole number of rounds
     size.tokens = size.steps * per_step
 
@@ -203,8 +208,10 @@ def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, dict[i
 
 
 def plot(data: dict[str, Any], out: Path) -> None:
-    """Each arm's paired gap to data-parallel (its best lr against data-parallel's) against the size."""
+    """Each arm's paired gap to data-parallel (its best lr against data-parallel's) against the size,
+    or in tokens mode against the tokens per parameter."""
     meta, runs = data["meta"], data["runs"]
+    tokens = meta["mode"] == "tokens"
     series: dict[str, list[tuple[float, list[float]]]] = {}
     for arm in meta["arms"]:
         if arm["dp"]:
@@ -214,9 +221,14 @@ def plot(data: dict[str, Any], out: Path) -> None:
                 continue
             _, dp = best(runs, size["name"], DP.label)
             _, losses = best(runs, size["name"], arm["label"])
-            series.setdefault(arm["label"], []).append((size["params"], paired_diffs(losses, dp)))
-    title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"
-    runner.gap_plot(series, out, title, "parameters")
+            x = size["c"] if tokens else size["params"]
+            series.setdefault(arm["label"], []).append((x, paired_diffs(losses, dp)))
+    if tokens:
+        title = f"Gap to data-parallel, H = {meta['sizes'][0]['H']}, lr tuned per arm"
+        runner.gap_plot(series, out, title, "tokens per parameter")
+    else:
+        title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"
+        runner.gap_plot(series, out, title, "parameters")
 
 
 def table(data: dict[str, Any]) -> str:
@@ -260,8 +272,12 @@ def table(data: dict[str, Any]) -> str:
         f"{row['twin']:.4f} ({100 * (row['cli'] / row['twin'] - 1):+.2f}%).\n"
         for row in data.get("cli", [])
     )
+    budget = f"{meta['c']} tokens per parameter"
+    if meta["mode"] == "tokens":
+        cs = ", ".join(f"{size['c']:g}" for size in meta["sizes"])
+        budget = f"{cs} tokens per parameter, H held at {meta['c']:g}'s"
     return (
-        f"{meta['c']} tokens per parameter, global batch {meta['global_batch']} x {meta['seq_len']} tokens, "
+        f"{budget}, global batch {meta['global_batch']} x {meta['seq_len']} tokens, "
         f"seeds {', '.join(map(str, meta['seeds']))} (paired: the same initialisation and data order in every arm), "
         f"{swept(meta)}, best mean kept. "
         f"{sizes}. Losses are nats per byte of the global model after the final flush; a paired difference is the "
@@ -275,9 +291,10 @@ def table(data: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", choices=["sizes", "ladder", "learners"], default="sizes")
+    ap.add_argument("mode", nargs="?", choices=["sizes", "ladder", "learners", "tokens"], default="sizes")
     ap.add_argument("--sizes", default="w32:model.width=32,w64:model.width=64")
     ap.add_argument("--c", type=float, default=10.0, help="tokens per parameter at every size")
+    ap.add_argument("--cs", default="10,20,40", help="tokens mode: the tokens per parameter to train")
     ap.add_argument("--rounds", type=int, default=50, help="outer rounds per fragment, at least")
     ap.add_argument("--global-batch", type=int, default=32, help="sequences per step, all learners together")
     ap.add_argument("--seeds", default="0,1,2")
@@ -296,7 +313,7 @@ def main() -> None:
     ap.add_argument("--cli", action="store_true", help="also train an arm's best setting with `dlc train` (seed 0)")
     ap.add_argument("--cli-arm", help="the arm --cli trains (default: the mode's last); with --from-json, only that")
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
-    ap.add_argument("--plot", default=str(PLOT), help="sizes mode: the plot of each arm's gap against the size")
+    ap.add_argument("--plot", help="sizes, tokens modes: the plot of each arm's gap (default bench/quality-MODE.png)")
     args = ap.parse_args()
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
@@ -306,12 +323,15 @@ def main() -> None:
     else:
         data = measure(args)
     title = {"sizes": "by model size", "ladder": "the ladder", "learners": "by number of learners"}
+    title["tokens"] = "by tokens per parameter"
     text = table(data)
-    if data["meta"]["mode"] == "sizes" and len(data["meta"]["sizes"]) > 1:
-        plot(data, Path(args.plot))
-        shown = Path(args.plot).resolve()
+    mode = data["meta"]["mode"]
+    if mode in PLOTS and len(data["meta"]["sizes"]) > 1:
+        shown = Path(args.plot or PLOTS[mode]).resolve()
+        plot(data, shown)
         where = shown.relative_to(runner.REPO) if shown.is_relative_to(runner.REPO) else shown
-        text += f"\nEach arm's gap against the parameter count (the range of the seeds as bars): `{where}`.\n"
+        against = "the tokens per parameter" if mode == "tokens" else "the parameter count"
+        text += f"\nEach arm's gap against {against} (the range of the seeds as bars): `{where}`.\n"
     print(text)
     meta = data["meta"]
     provenance = runner.Provenance.of(meta)
@@ -323,7 +343,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from dlc.config.load import load_recipe
 
     base = load_recipe(runner.REPO / RECIPE)
-    arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS}.get(args.mode) or learner_arms(
+    arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS, "tokens": SIZES_ARMS[:2]}.get(args.mode) or learner_arms(
         [int(m) for m in args.counts.split(",")]
     )
     for text in args.arm:  # on top of the mode's last arm: a candidate beside today's defaults
@@ -335,6 +355,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sizes = parse_sizes(args.sizes)
     for size in sizes:
         plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len)
+    if args.mode == "tokens":  # each size at each budget, H as at --c: the rounds grow with the tokens
+        budgets = []
+        for size in sizes:
+            for c in [float(x) for x in args.cs.split(",")]:
+                budget = Size(f"{size.name} c{c:g}", size.overrides)
+                plan_size(budget, c, args.global_batch, args.rounds, base.learners.seq_len, H=size.H)
+                budgets.append(budget)
+        sizes = budgets
     seeds = [int(s) for s in args.seeds.split(",")]
     given = [float(x) for x in args.lr_grid.split(",")] if args.lr_grid else None
     lrs = given or lr_grid(base.inner.lr, args.lr_points)

@@ -224,7 +224,8 @@ def plot(data: dict[str, Any], out: Path) -> None:
             x = size["c"] if tokens else size["params"]
             series.setdefault(arm["label"], []).append((x, paired_diffs(losses, dp)))
     if tokens:
-        title = f"Gap to data-parallel, H = {meta['sizes'][0]['H']}, lr tuned per arm"
+        first = meta["sizes"][0]
+        title = f"Gap to data-parallel, {first['params']:,} parameters, H = {first['H']}, lr tuned per arm"
         runner.gap_plot(series, out, title, "tokens per parameter")
     else:
         title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"

@@ -256,6 +256,7 @@ def gap_plot(series: dict[str, list[tuple[float, list[float]]]], out: Path, titl
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, points in series.items():
@@ -268,6 +269,9 @@ def gap_plot(series: dict[str, list[tuple[float, list[float]]]], out: Path, titl
         ax.errorbar(x, y, yerr=[below, above], marker="o", capsize=3, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
+    ax.set_xticks(sorted({at for points in series.values() for at, _ in points}))  # each measured x, in full
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final eval loss vs data-parallel (%)")
     ax.set_title(title)

@@ -270,7 +270,7 @@ def gap_plot(series: dict[str, list[tuple[float, list[float]]]], out: Path, titl
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xticks(sorted({at for points in series.values() for at, _ in points}))  # each measured x, in full
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:g}"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final eval loss vs data-parallel (%)")

@@ -99,8 +99,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The end-to-end tests (tests/e2e/) start real runs, clusters and learner processes and check
     what they did in time (heartbeats, restarts, notices): pytest-xdist runs them one after another
     on one worker, so no two of them share the cores, while the other workers take every other test
-    beside them. Those marked `untimed`, whose checks do not depend on the pace of the cores, go with the other
-    tests: the timed ones alone are the longest worker's load."""
+    beside them. Those marked `untimed`, whose checks do not depend on the pace of the cores, go
+    with the other tests: the timed ones alone are the longest worker's load."""
     if not config.pluginmanager.has_plugin("xdist"):
         return
     for item in items:

@@ -221,11 +221,14 @@ def plot(data: dict[str, Any], out: Path) -> None:
                 continue
             _, dp = best(runs, size["name"], DP.label)
             _, losses = best(runs, size["name"], arm["label"])
-            x = size["c"] if tokens else size["params"]
-            series.setdefault(arm["label"], []).append((x, paired_diffs(losses, dp)))
+            gaps = paired_diffs(losses, dp)
+            if tokens:  # one line per size and arm: the budgets of one size, H = P as at --c
+                label = f"{arm['label']}, {size['params']:,} parameters, H = {size['H']}"
+                series.setdefault(label, []).append((size["c"], gaps))
+            else:
+                series.setdefault(arm["label"], []).append((size["params"], gaps))
     if tokens:
-        first = meta["sizes"][0]
-        title = f"Gap to data-parallel, {first['params']:,} parameters, H = {first['H']}, lr tuned per arm"
+        title = "Gap to data-parallel by token budget, lr tuned per arm"
         runner.gap_plot(series, out, title, "tokens per parameter")
     else:
         title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"
@@ -323,8 +326,12 @@ def main() -> None:
             save(data, Path(args.from_json))
     else:
         data = measure(args)
-    title = {"sizes": "by model size", "ladder": "the ladder", "learners": "by number of learners"}
-    title["tokens"] = "by tokens per parameter"
+    title = {
+        "sizes": "by model size",
+        "ladder": "the ladder",
+        "learners": "by number of learners",
+        "tokens": "by tokens per parameter",
+    }
     text = table(data)
     mode = data["meta"]["mode"]
     if mode in PLOTS and len(data["meta"]["sizes"]) > 1:

@@ -6,8 +6,11 @@ fragment p the syncer asked for since the last step, it sends the outer gradient
 training. A merged fragment that arrives is adopted at the first step boundary at least `tau`
 steps after the learner sent p (at once if it did not send), and becomes the new anchor. The
 anchor moves only on adoption, so two pushes from one anchor are cumulative; the syncer's round
-book relies on that. Merged fragments sent as differences are resolved against the version of
-p this learner holds, in version order, as they arrive (`received.ReceivedFragments`).
+book relies on that. A rebase keeps the progress the adopted version does not hold: it rebases on
+the newest of this learner's pushes the version merged (on the anchor when it merged none), and a
+push still in flight after it is where the next push counts from, so no progress is sent twice.
+Merged fragments sent as differences are resolved against the version of p this learner holds, in
+version order, as they arrive (`received.ReceivedFragments`).
 
 The step loop never waits for the device or the network (`dlc.core.fragment_ops`): a push is one
 jitted extraction dispatched after the step, whose result a sender thread copies to the host and
@@ -43,8 +46,14 @@ from dlc.run import events
 
 @dataclass
 class SentRecord:
+    """A push of a fragment not yet merged into an adopted version."""
+
     step: int
     theta: jax.Array  # theta[p] at send, padded, on the device: for adopt=rebase
+    seq: int = -1
+    base_version: int = 0
+    steps: int = 0  # inner steps and tokens it carried beyond the push before it
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,12 @@ class DecoupledLearnerSync:
         self.unsent_steps = [0.0] * P
         self.seq = 0
         self.incarnation = 0
-        self.sent: dict[int, SentRecord] = {}
+        # Each fragment's pushes in flight, oldest first, and where its next push counts from while
+        # one is still in flight after an adoption (the newest one's theta; otherwise the anchor).
+        self.sent: dict[int, list[SentRecord]] = {}
+        self.counts_from: dict[int, jax.Array] = {}
+        # (fragment, version) -> the newest of this learner's seqs that version merged. Under _lock.
+        self.merged_mine: dict[tuple[int, int], int] = {}
         self.inbox: queue.SimpleQueue[Arrived | FragmentRequest] = queue.SimpleQueue()
         # fragment -> (version, value) to adopt
         self.waiting: dict[int, tuple[int, jax.Array | np.ndarray]] = {}
@@ -219,6 +233,9 @@ class DecoupledLearnerSync:
             return
         with self._lock:
             self._acknowledge(msg)
+            mine = [seq for learner, seq in msg.merged if learner == self.learner.index]
+            if mine:
+                self.merged_mine[(msg.fragment, msg.version)] = max(mine)
             resolved = self.received.resolve(msg)
         for version, value in resolved:
             self.inbox.put(Arrived(msg.fragment, version, self.ops.to_device(msg.fragment, value)))
@@ -247,7 +264,7 @@ class DecoupledLearnerSync:
         pushed: list[events.Event] = [self.push(p) for p in requested if self.steps_since[p] > 0]
         for p, (version, value) in list(self.waiting.items()):
             sent = self.sent.get(p)
-            if sent is None or self.learner.step >= sent.step + self.tau:
+            if not sent or self.learner.step >= sent[-1].step + self.tau:
                 self.adopt(p, version, value)
                 del self.waiting[p]
         return pushed
@@ -256,9 +273,11 @@ class DecoupledLearnerSync:
         """Take `global_p`, fragment p's global value at `version` (as `FragmentOps.to_device` gives
         it, or a host vector), as parameters (by the adopt mode) and as the new anchor."""
         global_p = self.ops.staged(p, global_p)
-        sent = self.sent.get(p)
+        sent = self.sent.pop(p, [])
+        self.counts_from.pop(p, None)
+        merged = self._merged_mine(p, version)
         params = self.learner.params
-        replaces = self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and sent is None)
+        replaces = self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and not sent)
         dropped = 1.0 if replaces else 1.0 - self.mix_alpha if self.adopt_mode == "mix" else 0.0
         self.discarded_steps += dropped * self.unsent_steps[p] * self.plan.size(p) / self.plan.total_size
         self.unsent_steps[p] *= 1.0 - dropped
@@ -266,21 +285,48 @@ class DecoupledLearnerSync:
             params = self.ops.write(params, p, global_p)
         elif self.adopt_mode == "mix":  # alpha * theta + (1 - alpha) * global
             params = self.ops.write(params, p, global_p, global_p, a=self.mix_alpha, b=self.mix_alpha)
-        else:  # rebase: keep the local progress made since p was sent
-            assert sent is not None  # a rebase with nothing sent replaces (`replaces` above)
-            params = self.ops.write(params, p, global_p, sent.theta, a=1.0, b=1.0)
+        else:  # rebase: keep the local progress the version does not hold
+            self._rebase_in_flight(p, version, global_p, sent, merged)
+            params = self.learner.params
         self.learner.params = params
         if replaces:
             # The local progress on p is gone: the next push counts from here.
             self.steps_since[p] = self.tokens_since[p] = 0
         self.anchors[p] = global_p
         self.versions[p] = version
-        self.sent.pop(p, None)
         self.adopted += 1
+
+    def _merged_mine(self, p: int, version: int) -> int | None:
+        """The newest of this learner's pushes of p merged into `version` or a version before it."""
+        with self._lock:
+            keys = [key for key in self.merged_mine if key[0] == p and key[1] <= version]
+            seqs = [self.merged_mine.pop(key) for key in keys]
+        return max(seqs) if seqs else None
+
+    def _rebase_in_flight(
+        self, p: int, version: int, global_p: jax.Array | np.ndarray, sent: list[SentRecord], merged: int | None
+    ) -> None:
+        """Rebase p on `global_p`: move the parameters, and every push still in flight, by the
+        global value less the point it stands for here (the newest push it merged, or the anchor)."""
+        held = [r for r in sent if merged is not None and r.seq <= merged]
+        base = held[-1].theta if held else self.anchors[p]
+        self.learner.params = self.ops.write(self.learner.params, p, global_p, base, a=1.0, b=1.0)
+        flying = []
+        for record in sent[len(held) :]:
+            if version - record.base_version > self.max_staleness:
+                # The syncer refuses a push this stale: its progress goes with the next push.
+                self.steps_since[p] += record.steps
+                self.tokens_since[p] += record.tokens
+                self.unsent_steps[p] += record.steps
+                continue
+            flying.append(replace(record, theta=record.theta + (global_p - base)))
+        if flying:
+            self.sent[p] = flying
+            self.counts_from[p] = flying[-1].theta
 
     def push(self, p: int) -> events.PushSent:
         """Dispatch fragment p's outer gradient for sending; returns the event for the run log."""
-        payload, scales, theta = self.ops.push(self.learner.params, p, self.anchors[p])
+        payload, scales, theta = self.ops.push(self.learner.params, p, self.counts_from.get(p, self.anchors[p]))
         item = Outgoing(
             p, self.versions[p], self.steps_since[p], self.tokens_since[p], self.seq, payload, scales, self.learner.step
         )
@@ -290,7 +336,9 @@ class DecoupledLearnerSync:
             self._send(item)
         self.seq += 1
         self.pushes += 1
-        self.sent[p] = SentRecord(self.learner.step, theta)
+        self.sent.setdefault(p, []).append(
+            SentRecord(self.learner.step, theta, item.seq, item.base_version, item.steps, item.tokens)
+        )
         self.steps_since[p] = self.tokens_since[p] = 0
         self.unsent_steps[p] = 0.0
         return events.PushSent(
@@ -396,4 +444,7 @@ class DecoupledLearnerSync:
         self.tokens_since = [0] * self.plan.num_fragments
         self.unsent_steps = [0.0] * self.plan.num_fragments
         self.sent.clear()
+        self.counts_from.clear()
         self.waiting.clear()
+        with self._lock:
+            self.merged_mine.clear()

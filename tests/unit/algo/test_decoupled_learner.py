@@ -68,7 +68,8 @@ def test_adopt_modes_by_hand(mode):
     size = sync.plan.size(p)
     s = np.full(size, 1.0, np.float32)  # theta[p] when sent
     sync.scatter(p, s)
-    sync.sent[p] = SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s))
+    sync.sent[p] = [SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s), seq=0)]
+    sync.merged_mine[(p, 1)] = 0  # version 1 merged that push
     sync.scatter(p, s + 0.5)  # local progress d = 0.5 while the fragment was in flight
     sync.steps_since[p] = 3  # ... made in three steps
     sync.unsent_steps[p] = 3.0
@@ -91,6 +92,56 @@ def test_adopt_modes_by_hand(mode):
     assert sync.discarded_steps == pytest.approx(total * 3 * share)
 
 
+def test_a_rebase_keeps_what_the_version_does_not_hold_and_sends_nothing_twice():
+    run = make_run(twin_recipe(learners=1, adopt="rebase", codec="none"))
+    sync = run.syncs[0]
+    p = 0
+    size = sync.plan.size(p)
+    anchor = sync.gather(p)
+    s = anchor + 1.0  # theta[p] when pushed (seq 0, from version 0)
+    sync.sent[p] = [SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s), seq=0, steps=2, tokens=20)]
+    sync.scatter(p, s + 0.5)  # progress made since
+    G1, G2 = np.full(size, 3.0, np.float32), np.full(size, 5.0, np.float32)
+    # Version 1 merged other learners' pushes, not this one (it arrived late): all progress since the
+    # anchor stays, and the push in flight moves with the parameters.
+    sync.adopt(p, 1, G1)
+    np.testing.assert_allclose(sync.gather(p), G1 + 1.5, rtol=1e-6)
+    [flying] = sync.sent[p]
+    np.testing.assert_allclose(sync.ops.to_host(p, flying.theta), G1 + 1.0, rtol=1e-6)
+    # The next push counts from the one in flight: it carries the 0.5 of progress made since, once.
+    payload, scales, _ = sync.ops.push(sync.learner.params, p, sync.counts_from[p])
+    delta = get_codec("none").decode(sync.ops.encoded(p, payload, scales))
+    np.testing.assert_allclose(delta, -0.5, rtol=1e-5)
+    # Version 2 merged the late push: the rebase is on it, and nothing is left in flight.
+    sync.merged_mine[(p, 2)] = 0
+    sync.adopt(p, 2, G2)
+    np.testing.assert_allclose(sync.gather(p), G2 + 0.5, rtol=1e-6)
+    assert p not in sync.sent and p not in sync.counts_from
+    # A push too stale for the syncer to take gives its steps and tokens back to the next one.
+    sync.sent[p] = [SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, G2), seq=1, base_version=2)]
+    sync.sent[p][0].steps, sync.sent[p][0].tokens = 3, 30
+    sync.steps_since[p] = sync.tokens_since[p] = 0
+    sync.adopt(p, 2 + sync.max_staleness + 1, np.full(size, 7.0, np.float32))
+    assert p not in sync.sent and (sync.steps_since[p], sync.tokens_since[p]) == (3, 30)
+
+
+def test_one_learner_syncing_every_step_trains_as_data_parallel():
+    # H = 1: the fragment is asked for again before its last merge is back, so two pushes are in
+    # flight at once. One learner with fp32 codecs must still end where it would alone.
+    recipe = twin_recipe(
+        learners=1, fragments=1, sync_interval_steps=1, overlap_steps=0, codec="none", down_codec="none"
+    )
+    run = make_run(recipe)
+    alone = make_run(twin_recipe(learners=1)).learners[0]
+    for _ in range(30):
+        run.step_all()
+        alone.train_step()
+    run.finish()
+    alone.flush()
+    assert run.syncer.status()["rejections"] == {}
+    assert run.global_eval() == pytest.approx(run.evaluator(alone.params)[0], abs=1e-4)
+
+
 def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
     run = make_run(twin_recipe(learners=1, overlap_steps=2, sync_interval_steps=4, adopt="replace"))
     sync = run.syncs[0]
@@ -102,7 +153,7 @@ def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
     sync.receive(FragmentRequest(3, 0, 0.0))
     learner.train_step()
     sync.after_step()  # step 4 answers the request
-    assert sync.pushes == 1 and 3 in sync.sent and sync.sent[3].step == 4
+    assert sync.pushes == 1 and [r.step for r in sync.sent[3]] == [4]
     G = np.zeros(sync.plan.size(3), np.float32)
     sync.receive(MergedFragment(3, 5, get_codec("none").encode(G), 0.0))
     learner.train_step()

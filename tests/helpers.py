@@ -28,6 +28,10 @@ from tests.fakes import FakeTarget, SleepingClock
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "tiny.yaml"
+# Overrides for a worker built in the test process: without them its start-up would point this
+# process's JAX cache at the user's shared ~/.cache/dlc/xla, where a learner an end-to-end test kills
+# mid-write leaves a torn entry, and JAX warns (an error here) when it reads one.
+IN_PROCESS = ("run.compile_cache=false",)
 
 # End-to-end runs of the 4-learner tiny recipe use this many steps per learner.
 STEPS = "run.max_steps=300"

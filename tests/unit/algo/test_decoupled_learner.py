@@ -118,8 +118,10 @@ def test_a_rebase_keeps_what_the_version_does_not_hold_and_sends_nothing_twice()
     np.testing.assert_allclose(sync.gather(p), G2 + 0.5, rtol=1e-6)
     assert p not in sync.sent and p not in sync.counts_from
     # A push too stale for the syncer to take gives its steps and tokens back to the next one.
-    sync.sent[p] = [SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, G2), seq=1, base_version=2)]
-    sync.sent[p][0].steps, sync.sent[p][0].tokens = 3, 30
+    stale = SentRecord(
+        step=sync.learner.step, theta=sync.ops.to_device(p, G2), seq=1, base_version=2, steps=3, tokens=30
+    )
+    sync.sent[p] = [stale]
     sync.steps_since[p] = sync.tokens_since[p] = 0
     sync.adopt(p, 2 + sync.max_staleness + 1, np.full(size, 7.0, np.float32))
     assert p not in sync.sent and (sync.steps_since[p], sync.tokens_since[p]) == (3, 30)

@@ -22,7 +22,7 @@ from dlc.engine.learner import uplinks
 from dlc.engine.learner.actor import LearnerWorker
 from dlc.engine.syncer.actor import SyncerWorker
 from tests.fakes import Direct
-from tests.helpers import TINY, marked_storage
+from tests.helpers import IN_PROCESS, TINY, marked_storage
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +43,7 @@ def _compiled_within_the_test(monkeypatch):
 
 
 def test_a_compiled_learner_leaves_what_its_start_up_made_out_of_full_collections(tmp_path):
-    recipe_json = load_recipe(TINY, ["learners.count=1"]).model_dump(mode="json")
+    recipe_json = load_recipe(TINY, [*IN_PROCESS, "learners.count=1"]).model_dump(mode="json")
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
     upstream = SimpleNamespace(push=Direct(lambda push: None))
     worker = LearnerWorker(recipe_json, 0, stream, marked_storage(tmp_path), upstream)
@@ -55,7 +55,7 @@ def test_a_compiled_learner_leaves_what_its_start_up_made_out_of_full_collection
 
 
 def test_a_learner_with_no_peer_to_copy_starts_from_the_global_fragments(tmp_path):
-    recipe = load_recipe(TINY, ["learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
+    recipe = load_recipe(TINY, [*IN_PROCESS, "learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
     recipe_json = recipe.model_dump(mode="json")
     storage = marked_storage(tmp_path)
     syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
@@ -96,7 +96,7 @@ def two_streams(kind: str, tmp_path) -> tuple[list[Any], list[str]]:
 @pytest.mark.parametrize("kind", ["bytes", "prepared"])
 def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(kind, tmp_path):
     streams, vocab = two_streams(kind, tmp_path)
-    recipe = load_recipe(TINY, ["learners.count=2", "syncer.fragments=2", *vocab])
+    recipe = load_recipe(TINY, [*IN_PROCESS, "learners.count=2", "syncer.fragments=2", *vocab])
     recipe_json = recipe.model_dump(mode="json")
     no_syncer = SimpleNamespace(push=Direct(lambda push: None))
     storage = marked_storage(tmp_path)
@@ -119,7 +119,7 @@ def test_a_learner_copying_a_peer_goes_on_from_its_own_place_in_its_own_stream(k
 def test_a_learner_behind_its_previous_process_checkpoints_over_the_stale_steps(tmp_path):
     # A restart that copied a peer behind the dead process (or started from the global model)
     # saves at steps the dead process had saved: its checkpoints are stale, not a reason to fail.
-    recipe = load_recipe(TINY, ["learners.count=2"])
+    recipe = load_recipe(TINY, [*IN_PROCESS, "learners.count=2"])
     recipe_json = recipe.model_dump(mode="json")
     storage = marked_storage(tmp_path)
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
@@ -143,7 +143,7 @@ def test_a_resumed_learner_numbers_its_pushes_above_every_seq_the_syncer_saw(tmp
     # After a hard stop the learner's checkpoint is older than the syncer's state: its seqs from
     # the checkpoint were already seen (they would be refused as duplicates). It goes on from the
     # syncer's next seq, in the incarnation that seq belongs to, so a later restart numbers above it.
-    recipe = load_recipe(TINY, ["learners.count=2", "syncer.fragments=2"])
+    recipe = load_recipe(TINY, [*IN_PROCESS, "learners.count=2", "syncer.fragments=2"])
     recipe_json = recipe.model_dump(mode="json")
     storage = marked_storage(tmp_path)
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
@@ -172,7 +172,7 @@ def test_a_learner_and_the_syncer_talk_on_the_direct_channel(tmp_path, monkeypat
     # The workers wired as the actors are, with the direct channel (the default) on loopback; Ray's
     # one part, asking the syncer actor where its channel is, is the syncer worker's own answer.
     monkeypatch.setattr(uplinks.ray, "get", lambda ref, timeout=None: ref)
-    recipe = load_recipe(TINY, ["learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
+    recipe = load_recipe(TINY, [*IN_PROCESS, "learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
     recipe_json = recipe.model_dump(mode="json")
     storage = marked_storage(tmp_path)
     syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
@@ -202,7 +202,7 @@ def test_a_syncer_whose_channel_cannot_be_reached_fails_the_run_saying_why(tmp_p
     monkeypatch.setattr(uplinks, "UNREACHABLE_S", 0.05)
     channel = {"address": ("127.0.0.1", port), "authkey": b"key"}
     handle = SimpleNamespace(channel=SimpleNamespace(remote=lambda: channel))
-    recipe_json = load_recipe(TINY, ["learners.count=2"]).model_dump(mode="json")
+    recipe_json = load_recipe(TINY, [*IN_PROCESS, "learners.count=2"]).model_dump(mode="json")
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
     learner = LearnerWorker(recipe_json, 0, stream, marked_storage(tmp_path), handle)
     assert not learner._try_connect() and learner.error is None  # refused once: it tries again

@@ -13,13 +13,13 @@ from dlc.core.codec import get_codec
 from dlc.engine.syncer.actor import SyncerWorker
 from dlc.run import events
 from tests.fakes import Direct
-from tests.helpers import TINY, marked_storage
+from tests.helpers import IN_PROCESS, TINY, marked_storage
 
 
 def worker(run_dir, register=True):
     # Fake learner handles take the deliveries: messages go as actor calls, not on the direct channel.
     overrides = ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2", "syncer.channel=ray"]
-    recipe = load_recipe(TINY, [*overrides, "syncer.merge=mean", "syncer.down_codec=none"])
+    recipe = load_recipe(TINY, [*IN_PROCESS, *overrides, "syncer.merge=mean", "syncer.down_codec=none"])
     w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir), marked_storage(run_dir))
     delivered = []
     for i in range(2 if register else 0):

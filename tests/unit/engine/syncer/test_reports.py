@@ -20,7 +20,7 @@ from dlc.observe.reader import voided
 from dlc.run import events
 from dlc.run.rundir import RunDir
 from tests.fakes import Direct
-from tests.helpers import TINY, marked_storage
+from tests.helpers import IN_PROCESS, TINY, marked_storage
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def net(lines):
 def worker(run_dir):
     # Two fragments, quorum 1, no compression; fake learner handles take the deliveries.
     overrides = ["learners.count=2", "syncer.quorum=1", "syncer.codec=none", "syncer.fragments=2", "syncer.channel=ray"]
-    recipe = load_recipe(TINY, [*overrides, "syncer.merge=mean", "syncer.down_codec=none"])
+    recipe = load_recipe(TINY, [*IN_PROCESS, *overrides, "syncer.merge=mean", "syncer.down_codec=none"])
     w = SyncerWorker(recipe.model_dump(mode="json"), str(run_dir), marked_storage(run_dir))
     for i in range(2):
         w.register(i, SimpleNamespace(deliver=Direct(lambda message: None)))

@@ -171,11 +171,13 @@ def table(data: dict[str, Any]) -> str:
             dp = [runs[(DP.label, s)][k] for s in seeds]
             m4 = [runs[(M4.label, s)][k]["loss"] for s in seeds]
             gaps = [m / d["loss"] - 1 for m, d in zip(m4, dp, strict=True)]
-            noise = sum(d["trace"] for d in dp) / sum(d["signal"] for d in dp)
+            signal, trace = sum(d["signal"] for d in dp), sum(d["trace"] for d in dp)
+            # Both terms are differences of noisy estimates: one at or below 0 measured nothing.
+            noise = f"{trace / signal:.0f} | {small * signal / trace:.2f}" if signal > 0 and trace > 0 else "- | -"
             lines.append(
                 f"| {size['name']} | {point['step']} | {statistics.fmean(d['loss'] for d in dp):.4f} | "
                 f"{statistics.fmean(m4):.4f} | {statistics.fmean(gaps) * 100:+.2f}% "
-                f"({min(gaps) * 100:+.1f} to {max(gaps) * 100:+.1f}) | {noise:.0f} | {small / noise:.2f} |"
+                f"({min(gaps) * 100:+.1f} to {max(gaps) * 100:+.1f}) | {noise} |"
             )
     sizes = "; ".join(
         f"{s['name']}: {s['params']:,} parameters, {s['steps']} steps, H = P = {s['H']}" for s in meta["sizes"]

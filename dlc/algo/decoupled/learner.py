@@ -286,8 +286,7 @@ class DecoupledLearnerSync:
         elif self.adopt_mode == "mix":  # alpha * theta + (1 - alpha) * global
             params = self.ops.write(params, p, global_p, global_p, a=self.mix_alpha, b=self.mix_alpha)
         else:  # rebase: keep the local progress the version does not hold
-            self._rebase_in_flight(p, version, global_p, sent, merged)
-            params = self.learner.params
+            params = self._rebased(params, p, version, global_p, sent, merged)
         self.learner.params = params
         if replaces:
             # The local progress on p is gone: the next push counts from here.
@@ -303,14 +302,12 @@ class DecoupledLearnerSync:
             seqs = [self.merged_mine.pop(key) for key in keys]
         return max(seqs) if seqs else None
 
-    def _rebase_in_flight(
-        self, p: int, version: int, global_p: jax.Array | np.ndarray, sent: list[SentRecord], merged: int | None
-    ) -> None:
-        """Rebase p on `global_p`: move the parameters, and every push still in flight, by the
-        global value less the point it stands for here (the newest push it merged, or the anchor)."""
+    def _rebased(self, theta: Any, p: int, version: int, value: Any, sent: list[SentRecord], merged: int | None) -> Any:
+        """Parameters `theta` rebased on fragment p's global `value`: moved, with every push still in
+        flight, by the value less the point it stands for here (the newest push it merged, or the anchor)."""
         held = [r for r in sent if merged is not None and r.seq <= merged]
         base = held[-1].theta if held else self.anchors[p]
-        self.learner.params = self.ops.write(self.learner.params, p, global_p, base, a=1.0, b=1.0)
+        theta = self.ops.write(theta, p, value, base, a=1.0, b=1.0)
         flying = []
         for record in sent[len(held) :]:
             if version - record.base_version > self.max_staleness:
@@ -319,10 +316,11 @@ class DecoupledLearnerSync:
                 self.tokens_since[p] += record.tokens
                 self.unsent_steps[p] += record.steps
                 continue
-            flying.append(replace(record, theta=record.theta + (global_p - base)))
+            flying.append(replace(record, theta=record.theta + (value - base)))
         if flying:
             self.sent[p] = flying
             self.counts_from[p] = flying[-1].theta
+        return theta
 
     def push(self, p: int) -> events.PushSent:
         """Dispatch fragment p's outer gradient for sending; returns the event for the run log."""

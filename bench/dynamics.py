@@ -58,23 +58,15 @@ def noise_terms(gradient: Any, params: Any, stream: Any, small: int) -> tuple[fl
     return signal, trace
 
 
-def train_dp(overrides: list[str], steps: int, points: list[int], small: int) -> dict[str, Any]:
+def train_dp(overrides: list[str], tokens: int, points: list[int], small: int) -> dict[str, Any]:
     """Data-parallel as bench/twin.py trains it, evaluated and probed for its noise at `points`."""
-    from twin import _with_steps, global_batch
+    from twin import dp_learner
 
-    from dlc.config.load import load_recipe, replaced_overrides
     from dlc.core.evaluate import Evaluator
-    from dlc.core.learner import Learner
     from dlc.core.steps import make_grad_step
-    from dlc.data.corpus import ByteStream, load_corpus, split_corpus
-    from dlc.data.plan import DataPlan
+    from dlc.data.corpus import ByteStream
 
-    recipe_path = str(runner.REPO / RECIPE)
-    batch = global_batch(load_recipe(recipe_path, overrides))
-    one = replaced_overrides(overrides, "learners.count=1", "learners.overrides=[]", f"learners.batch_size={batch}")
-    recipe = _with_steps(load_recipe(recipe_path, one), steps)
-    data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096))
-    learner = Learner(recipe, 0, data.streams[0])
+    recipe, data, learner, steps = dp_learner(str(runner.REPO / RECIPE), overrides, tokens)
     evaluate = Evaluator(recipe, learner.graphdef, data.eval)
     gradient = make_grad_step(learner.graphdef)
     # The probes read lanes of their own, half an epoch away from what the learner trains on.
@@ -90,24 +82,17 @@ def train_dp(overrides: list[str], steps: int, points: list[int], small: int) ->
     return {"curve": curve}
 
 
-def train_m4(overrides: list[str], steps: int, points: list[int]) -> dict[str, Any]:
-    """The twin with four learners out of phase, its global model evaluated at `points`."""
-    from twin import _with_steps
+def train_m4(overrides: list[str], tokens: int, points: list[int]) -> dict[str, Any]:
+    """The twin as bench/quality.py trains M=4 (learners out of phase), its global model evaluated
+    at `points`, the last after the final flush."""
+    from twin import twin_run
 
-    from dlc.algo.local import InProcessRun
-    from dlc.config.load import load_recipe
-    from dlc.data.corpus import load_corpus, split_corpus
-    from dlc.data.plan import DataPlan
-
-    recipe = _with_steps(load_recipe(str(runner.REPO / RECIPE), overrides), steps)
-    count = recipe.learners.count
-    data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, count, recipe.run.seed, 4096))
-    starts = [i / count for i in range(count)]
-    run = InProcessRun(recipe, data, paces_s=[1.0] * count, starts_s=starts)
+    starts = [i / M4.count for i in range(M4.count)]
+    run, until = twin_run(str(runner.REPO / RECIPE), overrides, tokens, starts=starts)
     curve = []
     for step in points:
-        run.run_until(step + max(starts))  # every learner has taken `step` steps
-        if step == steps:
+        run.run_until(until if step == points[-1] else step + max(starts))  # every learner took `step` steps
+        if step == points[-1]:
             run.finish()
         curve.append({"step": step, "loss": float(run.global_eval())})
     return {"curve": curve}
@@ -143,9 +128,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for arm in (DP, M4):
                     overrides = arm_overrides(arm, size, args.global_batch, args.lr, seed)
                     if arm.dp:
-                        future = pool.submit(train_dp, overrides, size.steps, points, small)
+                        future = pool.submit(train_dp, overrides, size.tokens, points, small)
                     else:
-                        future = pool.submit(train_m4, overrides, size.steps, points)
+                        future = pool.submit(train_m4, overrides, size.tokens, points)
                     jobs[future] = (size.name, arm.label, seed)
         say(f"{len(jobs)} trainings in {root}")
         for future in as_completed(jobs):

@@ -29,15 +29,14 @@ def global_batch(recipe: Any) -> int:
     return sum(learners.resolved(i).batch_size for i in range(learners.count))
 
 
-def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[str, Any]:
-    """Data-parallel: one learner with the summed batch, for ceil(tokens / global batch tokens) steps."""
+def dp_learner(recipe_path: str, overrides: Sequence[str], tokens: int) -> tuple[Any, Any, Any, int]:
+    """Data-parallel's recipe, data and learner: one learner with the M learners' summed batch, for
+    ceil(tokens / global batch tokens) steps (the last item)."""
     from dlc.config.load import load_recipe, replaced_overrides
-    from dlc.core.evaluate import Evaluator
     from dlc.core.learner import Learner
     from dlc.data.corpus import load_corpus, split_corpus
     from dlc.data.plan import DataPlan
 
-    t0 = time.monotonic()
     recipe = load_recipe(recipe_path, list(overrides))
     batch = global_batch(recipe)
     steps = math.ceil(tokens / (batch * recipe.learners.seq_len))
@@ -46,7 +45,15 @@ def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[st
     )
     recipe = _with_steps(load_recipe(recipe_path, one), steps)
     data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, 1, recipe.run.seed, 4096))
-    learner = Learner(recipe, 0, data.streams[0])
+    return recipe, data, Learner(recipe, 0, data.streams[0]), steps
+
+
+def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[str, Any]:
+    """Data-parallel: one learner with the summed batch, for ceil(tokens / global batch tokens) steps."""
+    from dlc.core.evaluate import Evaluator
+
+    t0 = time.monotonic()
+    recipe, data, learner, steps = dp_learner(recipe_path, overrides, tokens)
     for _ in range(steps):
         learner.train_step()
     learner.flush()
@@ -54,22 +61,21 @@ def train_dp(recipe_path: str, overrides: Sequence[str], tokens: int) -> dict[st
     return {"loss": float(loss), "steps": steps, "wall_s": time.monotonic() - t0}
 
 
-def train_twin(
+def twin_run(
     recipe_path: str,
     overrides: Sequence[str],
     tokens: int,
     paces: Sequence[float] | None = None,
     starts: Sequence[float] | None = None,
-) -> dict[str, Any]:
-    """The recipe's algorithm on the twin, each learner at its pace (step times relative to each other,
-    default all 1) from its start (in the same unit, default 0), until the budget is trained."""
+) -> tuple[Any, float]:
+    """The twin set up to train `tokens`, each learner at its pace (step times relative to each other,
+    default all 1) from its start (in the same unit, default 0): the run, and the time on its clock
+    by which the learners together have trained them."""
     from dlc.algo.local import InProcessRun
     from dlc.config.load import load_recipe
     from dlc.data.corpus import load_corpus, split_corpus
     from dlc.data.plan import DataPlan
-    from dlc.run import events
 
-    t0 = time.monotonic()
     recipe = load_recipe(recipe_path, list(overrides))
     learners = recipe.learners
     count = learners.count
@@ -81,7 +87,23 @@ def train_twin(
     steps = math.ceil(until / min(paces))  # the fastest learner's steps: the schedule's length
     recipe = _with_steps(recipe, steps)
     data = DataPlan.of_bytes(split_corpus(load_corpus(recipe.data), recipe.data, count, recipe.run.seed, 4096))
-    run = InProcessRun(recipe, data, paces_s=paces, starts_s=starts)
+    return InProcessRun(recipe, data, paces_s=paces, starts_s=starts), until
+
+
+def train_twin(
+    recipe_path: str,
+    overrides: Sequence[str],
+    tokens: int,
+    paces: Sequence[float] | None = None,
+    starts: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """The recipe's algorithm on the twin (`twin_run`) until the budget is trained."""
+    from dlc.run import events
+
+    t0 = time.monotonic()
+    run, until = twin_run(recipe_path, overrides, tokens, paces, starts)
+    count = len(run.learners)
+    per_step = [learner.tokens_per_step for learner in run.learners]
     cosines = _watch_outer_gradients(run.syncer)
     run.run_until(until)
     run.finish()

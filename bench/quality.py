@@ -325,7 +325,13 @@ def main() -> None:
             data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json).resolve().parent)
             save(data, Path(args.from_json))
     else:
-        data = measure(args)
+        from dlc.errors import UserError
+
+        try:
+            data = measure(args)
+        except UserError as exc:  # a bad --sizes or --arm override: refused before anything trains
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     title = {
         "sizes": "by model size",
         "ladder": "the ladder",
@@ -374,6 +380,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     seeds = [int(s) for s in args.seeds.split(",")]
     given = [float(x) for x in args.lr_grid.split(",")] if args.lr_grid else None
     lrs = given or lr_grid(base.inner.lr, args.lr_points)
+    for size in sizes:  # every arm's recipe loads, or the bench stops here with the recipe's error
+        for arm in arms:
+            load_recipe(runner.REPO / RECIPE, arm_overrides(arm, size, args.global_batch, lrs[0], seeds[0]))
     root = Path(args.keep or tempfile.mkdtemp(prefix="dlc-quality-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     meta = {

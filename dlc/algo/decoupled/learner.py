@@ -308,15 +308,17 @@ class DecoupledLearnerSync:
         held = [r for r in sent if merged is not None and r.seq <= merged]
         base = held[-1].theta if held else self.anchors[p]
         theta = self.ops.write(theta, p, value, base, a=1.0, b=1.0)
-        flying = []
+        flying, since = [], base  # `since`: where the pushes still in flight count from
         for record in sent[len(held) :]:
             if version - record.base_version > self.max_staleness:
-                # The syncer refuses a push this stale: its progress goes with the next push.
+                # The syncer refuses a push this stale: its progress goes with the next push, and
+                # those after it in flight are moved as if it had not been sent.
                 self.steps_since[p] += record.steps
                 self.tokens_since[p] += record.tokens
                 self.unsent_steps[p] += record.steps
+                since = record.theta
                 continue
-            flying.append(replace(record, theta=record.theta + (value - base)))
+            flying.append(replace(record, theta=record.theta + (value - since)))
         if flying:
             self.sent[p] = flying
             self.counts_from[p] = flying[-1].theta

@@ -127,6 +127,33 @@ def test_a_rebase_keeps_what_the_version_does_not_hold_and_sends_nothing_twice()
     assert p not in sync.sent and (sync.steps_since[p], sync.tokens_since[p]) == (3, 30)
 
 
+def test_a_push_refused_as_stale_is_sent_again_with_the_next_although_a_later_one_is_in_flight():
+    run = make_run(twin_recipe(learners=1, adopt="rebase", codec="none"))
+    sync = run.syncs[0]
+    p = 0
+    size = sync.plan.size(p)
+    anchor = sync.gather(p)
+    # Two pushes in flight: the first from version 0 (it moved 1.0 from the anchor), the second from
+    # version 1 (0.5 further, counted from the first); 0.5 more progress made since.
+    older = SentRecord(step=0, theta=sync.ops.to_device(p, anchor + 1.0), seq=0, base_version=0, steps=2, tokens=20)
+    newer = SentRecord(step=1, theta=sync.ops.to_device(p, anchor + 1.5), seq=1, base_version=1, steps=1, tokens=10)
+    sync.sent[p] = [older, newer]
+    sync.scatter(p, anchor + 2.0)
+    sync.steps_since[p] = sync.tokens_since[p] = 0
+    # A version that merged neither, one past the staleness the syncer accepts for the first push
+    # (so it was refused) and within it for the second (so it is still in flight).
+    G = np.full(size, 3.0, np.float32)
+    sync.adopt(p, sync.max_staleness + 1, G)
+    np.testing.assert_allclose(sync.gather(p), G + 2.0, rtol=1e-6)  # all progress stays
+    [flying] = sync.sent[p]
+    assert flying.seq == 1 and (sync.steps_since[p], sync.tokens_since[p]) == (2, 20)
+    # The refused push's 1.0 goes with the next push, beside the 0.5 made since the second: what the
+    # syncer takes in the end (the second's 0.5 and this 1.5) is all the learner's progress, once.
+    payload, scales, _ = sync.ops.push(sync.learner.params, p, sync.counts_from[p])
+    delta = get_codec("none").decode(sync.ops.encoded(p, payload, scales))
+    np.testing.assert_allclose(delta, -1.5, rtol=1e-5)
+
+
 def test_one_learner_syncing_every_step_trains_as_data_parallel():
     # H = 1: the fragment is asked for again before its last merge is back, so two pushes are in
     # flight at once. One learner with fp32 codecs must still end where it would alone.

@@ -92,12 +92,14 @@ def test_adopt_modes_by_hand(mode):
     assert sync.discarded_steps == pytest.approx(total * 3 * share)
 
 
+def one_rebasing_learner():
+    """The learner side of a one-learner twin that adopts by rebase, with fp32 codecs."""
+    return make_run(twin_recipe(learners=1, adopt="rebase", codec="none")).syncs[0]
+
+
 def test_a_rebase_keeps_what_the_version_does_not_hold_and_sends_nothing_twice():
-    run = make_run(twin_recipe(learners=1, adopt="rebase", codec="none"))
-    sync = run.syncs[0]
-    p = 0
-    size = sync.plan.size(p)
-    anchor = sync.gather(p)
+    sync = one_rebasing_learner()
+    p, size, anchor = 0, sync.plan.size(0), sync.gather(0)
     s = anchor + 1.0  # theta[p] when pushed (seq 0, from version 0)
     sync.sent[p] = [SentRecord(step=sync.learner.step, theta=sync.ops.to_device(p, s), seq=0, steps=2, tokens=20)]
     sync.scatter(p, s + 0.5)  # progress made since
@@ -128,11 +130,8 @@ def test_a_rebase_keeps_what_the_version_does_not_hold_and_sends_nothing_twice()
 
 
 def test_a_push_refused_as_stale_is_sent_again_with_the_next_although_a_later_one_is_in_flight():
-    run = make_run(twin_recipe(learners=1, adopt="rebase", codec="none"))
-    sync = run.syncs[0]
-    p = 0
-    size = sync.plan.size(p)
-    anchor = sync.gather(p)
+    sync = one_rebasing_learner()
+    p, size, anchor = 0, sync.plan.size(0), sync.gather(0)
     # Two pushes in flight: the first from version 0 (it moved 1.0 from the anchor), the second from
     # version 1 (0.5 further, counted from the first); 0.5 more progress made since.
     older = SentRecord(step=0, theta=sync.ops.to_device(p, anchor + 1.0), seq=0, base_version=0, steps=2, tokens=20)

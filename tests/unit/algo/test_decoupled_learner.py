@@ -1,5 +1,7 @@
 """The learner's protocol, driven by the in-process twin of the engine (no Ray, fake clock)."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -40,6 +42,25 @@ def test_two_learners_contribute_merge_and_learn():
     assert status["rejections"] == {} and status["pushes_accepted"] == sum(s.pushes for s in run.syncs)
     assert status["mean_contributors"] >= 1.9  # rounds merged both learners
     assert run.global_eval() < initial - 0.5
+
+
+def test_learners_fed_the_same_data_in_step_train_exactly_as_one():
+    # Two learners that see the same batches from the same start push the same outer gradients:
+    # weighting, merging (RDA), int4 both ways with each learner's error feedback, adoption and the
+    # round book must then give exactly one learner's run.
+    def trained(count: int) -> tuple[float, list[int]]:
+        recipe = twin_recipe(learners=count)
+        split = split_corpus(load_corpus(recipe.data), recipe.data, 2, 0, 2048)
+        data = dataclasses.replace(DataPlan.of_bytes(split), streams=(split.streams[0],) * count)
+        run = InProcessRun(recipe, data)
+        for _ in range(24):  # six rounds of each fragment
+            run.step_all()
+        run.finish()
+        return run.global_eval(), [run.syncer.status()["rounds_closed"], *(s.pushes for s in run.syncs)]
+
+    one, two = trained(1), trained(2)
+    assert two[0] == pytest.approx(one[0], rel=1e-6, abs=0)
+    assert two[1] == [one[1][0]] + one[1][1:] * 2  # as many rounds; each learner pushed as often
 
 
 def test_bytes_per_push_match_the_codec():

@@ -80,6 +80,7 @@ class Syncer(Protocol):
     def rejoin(self, learner: int) -> None: ...  # a new incarnation of `learner`
     def leave(self, learner: int) -> None: ...
     def heartbeat(self, learner: int, step: int | None = None) -> None: ...  # step: where it is
+    def excuse(self, seconds: float) -> None: ...  # it did not run for `seconds`: silence then is nobody's
     def push(self, message: Any) -> None: ...
     def tick(self) -> int: ...  # close what may close now; returns how many closed
     def next_tick_in(self) -> float: ...  # seconds until a tick may have work that no message brings

@@ -168,6 +168,13 @@ class BarrierSyncer(GlobalFragments):
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         self.heartbeats[learner] = self.clock()
 
+    def excuse(self, seconds: float) -> None:
+        """This syncer did not run for `seconds` (its process starved or paused): the learners'
+        messages waited unread meanwhile, so nobody's silence over that time counts."""
+        now = self.clock()
+        for learner, heard in self.heartbeats.items():
+            self.heartbeats[learner] = min(now, heard + seconds)
+
     def healthy(self) -> set[int]:
         now = self.clock()
         timeout = self.cfg.heartbeat_timeout_s

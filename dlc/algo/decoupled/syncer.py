@@ -135,6 +135,13 @@ class DecoupledSyncer(GlobalFragments):
         if step is not None:
             self.schedule.report(learner, step, now)
 
+    def excuse(self, seconds: float) -> None:
+        """This syncer did not run for `seconds` (its process starved or paused): the learners'
+        messages waited unread meanwhile, so nobody's silence over that time counts."""
+        now = self.clock()
+        for learner, heard in self.heartbeats.items():
+            self.heartbeats[learner] = min(now, heard + seconds)
+
     def healthy(self) -> set[int]:
         now = self.clock()
         return {m for m in self.members if now - self.heartbeats.get(m, -1e18) <= self.cfg.heartbeat_timeout_s}

@@ -31,6 +31,10 @@ from dlc.run.checkpoint import Checkpointer
 from dlc.run.files import syncer_journal_path
 from dlc.run.storage import RunStorage, describe
 
+# A tick this far past its time: the syncer's process did not run (it ticks when due, every 5 ms to
+# a few seconds, or at once when a push arrives).
+STALL_S = 1.0
+
 
 class SyncerWorker:
     """Lives in the syncer actor: the algorithm's syncer behind a lock, a ticking thread, checkpoints."""
@@ -71,7 +75,7 @@ class SyncerWorker:
         # The ticking thread sleeps until the syncer's next deadline (`next_tick_in`), and is woken
         # early when a push brings one nearer (a round reaching quorum starts its grace window).
         self._wake = threading.Event()
-        self._tick_at = 0.0  # when it wakes next, time.monotonic(); guarded by the lock
+        self._tick_at = time.monotonic()  # when it wakes next; guarded by the lock
         self._last_save = time.monotonic()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._tick_loop, name="syncer-tick", daemon=True)
@@ -192,7 +196,7 @@ class SyncerWorker:
         try:
             with self.lock, self.batch():
                 self.syncer.push(push)
-                self.syncer.tick()
+                self._tick()
                 if time.monotonic() + self.syncer.next_tick_in() < self._tick_at:
                     self._wake.set()
         except Exception:  # nobody waits for this call: the driver fails the run with it
@@ -207,6 +211,16 @@ class SyncerWorker:
         with self.lock:
             self.syncer.heartbeat(index, step)
 
+    def _tick(self) -> None:
+        """Tick the syncer (under the lock). A tick due more than STALL_S ago means this process did
+        not run meanwhile (starved of CPU, paused): the learners' heartbeats waited unread, and the
+        first message handled after it must not find every other learner silent."""
+        late = time.monotonic() - self._tick_at
+        if late > STALL_S:
+            self.syncer.excuse(late)
+            self._tick_at = time.monotonic()
+        self.syncer.tick()
+
     def _tick_loop(self) -> None:
         try:
             wait = 0.0
@@ -216,7 +230,7 @@ class SyncerWorker:
                 if self._stop.is_set():
                     return
                 with self.lock, self.batch():
-                    self.syncer.tick()
+                    self._tick()
                     # At least a millisecond: a deadline a tick could not act on never spins the thread.
                     wait = max(self.syncer.next_tick_in(), 0.001)
                     self._tick_at = time.monotonic() + wait

@@ -139,6 +139,20 @@ def test_silence_counts_from_admission_when_the_job_starts_late():
     assert syncer.members == {0} and syncer.pauses == 1
 
 
+def test_a_stall_of_the_syncer_itself_drops_nobody():
+    # The syncer's process did not run for 6 s (starved): the learners' heartbeats waited unread, and
+    # the first tick after it, from the first message handled, must not drop them for that silence.
+    syncer, clock, sent = make_barrier(members=2)
+    syncer.tick()
+    clock.now += 6.0
+    syncer.excuse(6.0)
+    syncer.tick()
+    assert syncer.members == {0, 1} and syncer.pauses == 0
+    clock.now += 5.1  # silent past the timeout after the stall: dropped as before
+    syncer.tick()
+    assert syncer.members == set() and syncer.pauses == 1
+
+
 def test_a_failure_pauses_once_then_the_survivors_go_on():
     syncer, clock, sent = make_barrier()
     syncer.tick()

@@ -96,6 +96,18 @@ def test_silent_learner_is_not_waited_for():
     assert syncer.tick() == 1  # quorum falls to the one healthy learner
 
 
+def test_the_syncers_own_stall_is_no_learners_silence():
+    syncer, _, _, clock = make(learners=2, heartbeat_timeout_s=5.0)
+    syncer.heartbeat(0), syncer.heartbeat(1)
+    clock.now += 4.0
+    syncer.heartbeat(0)
+    clock.now += 6.0  # the syncer ran none of this time: both learners' heartbeats waited unread
+    syncer.excuse(6.0)
+    assert syncer.healthy() == {0, 1}  # heard 4 + 6 and 6 s ago, less the 6 s excused
+    clock.now += 4.5  # learner 1's excused silence runs out first (it was heard 4 s earlier)
+    assert syncer.healthy() == {0}
+
+
 def test_rejections_are_counted_and_never_merged():
     syncer, plan, _, _ = make()
     size = plan.size(0)

@@ -3,6 +3,7 @@ closed but never reported, so the run's record does not depend on which process 
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -202,3 +203,16 @@ def test_a_resume_from_an_older_state_logs_the_rounds_it_makes_again():
     # (A line that does not say its round reads as nothing, `events.parse`: none gets this far.)
     logged = {(0, v) for v in range(1, 6)} | {(1, 1), (1, 2), (7, 1)}
     assert rounds_kept(logged, [3, 2]) == {(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)}
+
+
+def test_a_push_handled_after_the_syncer_stalled_finds_no_learner_silent(tmp_path):
+    # Its tick was due 6 s ago and never came (the process did not run): the learners' heartbeats
+    # waited unread, so the push handled first after it must not find the learners silent past the
+    # timeout (5 s) and stop waiting for them.
+    w = worker(tmp_path)
+    now = time.monotonic()
+    w.syncer.heartbeats = {0: now - 6.0, 1: now - 6.0}
+    w._tick_at = now - 6.0
+    push(w, 0, seq=0, base=0)
+    assert w.error is None and w.syncer.healthy() == {0, 1}
+    w.close()

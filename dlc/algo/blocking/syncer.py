@@ -26,6 +26,7 @@ import numpy as np
 from dlc.algo.blocking.messages import Contribution, GlobalModel
 from dlc.algo.counters import SyncCounters
 from dlc.algo.global_model import GlobalFragments
+from dlc.algo.liveness import HeardFrom
 from dlc.algo.merge import merge_weights
 from dlc.algo.outer import make_outer
 from dlc.config.schema import Recipe
@@ -108,7 +109,7 @@ class AdamWStep:
         self.opt_state = jax.tree_util.tree_unflatten(self._treedef, leaves)
 
 
-class BarrierSyncer(GlobalFragments):
+class BarrierSyncer(GlobalFragments, HeardFrom):
     def __init__(
         self,
         recipe: Recipe,
@@ -167,13 +168,6 @@ class BarrierSyncer(GlobalFragments):
 
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         self.heartbeats[learner] = self.clock()
-
-    def excuse(self, seconds: float) -> None:
-        """This syncer did not run for `seconds` (its process starved or paused): the learners'
-        messages waited unread meanwhile, so nobody's silence over that time counts."""
-        now = self.clock()
-        for learner, heard in self.heartbeats.items():
-            self.heartbeats[learner] = min(now, heard + seconds)
 
     def healthy(self) -> set[int]:
         now = self.clock()

@@ -27,6 +27,7 @@ from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.rounds import RoundBook, RoundResult
 from dlc.algo.decoupled.schedule import Schedule
 from dlc.algo.global_model import GlobalFragments
+from dlc.algo.liveness import HeardFrom
 from dlc.algo.merge import merge_deltas, merge_weights
 from dlc.algo.outer import make_outer
 from dlc.algo.protocol import Reject
@@ -51,7 +52,7 @@ IDLE_TICK_S = 0.1
 EARLY_OPEN = 0.5
 
 
-class DecoupledSyncer(GlobalFragments):
+class DecoupledSyncer(GlobalFragments, HeardFrom):
     def __init__(
         self,
         recipe: Recipe,
@@ -134,13 +135,6 @@ class DecoupledSyncer(GlobalFragments):
         self.heartbeats[learner] = now
         if step is not None:
             self.schedule.report(learner, step, now)
-
-    def excuse(self, seconds: float) -> None:
-        """This syncer did not run for `seconds` (its process starved or paused): the learners'
-        messages waited unread meanwhile, so nobody's silence over that time counts."""
-        now = self.clock()
-        for learner, heard in self.heartbeats.items():
-            self.heartbeats[learner] = min(now, heard + seconds)
 
     def healthy(self) -> set[int]:
         now = self.clock()

@@ -85,8 +85,10 @@ SIZES_ARMS = (
     ),
 )
 
-# Each rung adds one thing to the rung before it.
-_WHOLE = ("syncer.fragments=1", "syncer.overlap_steps=0", "syncer.quorum=4", "syncer.adopt=replace", *FP32)
+# Each rung adds one thing to the rung before it; all but the last merge by RDA, as dlc did before
+# the learning-rate feedback (`syncer.lr_feedback`) took its place.
+_RDA = ("syncer.merge=rda", "syncer.lr_feedback=none")
+_WHOLE = ("syncer.fragments=1", "syncer.overlap_steps=0", "syncer.quorum=4", "syncer.adopt=replace", *FP32, *_RDA)
 LADDER_ARMS = (
     DP,
     Arm("M=1, fp32", (*FP32,), count=1, note="one learner, the default outer step, no compression"),
@@ -95,12 +97,18 @@ LADDER_ARMS = (
     Arm("+ overlap", _WHOLE[2:], note="tau = 2: adopt two steps after sending"),
     Arm(
         "+ asynchrony",
-        ("syncer.adopt=replace", *FP32),
+        ("syncer.adopt=replace", *FP32, *_RDA),
         out_of_phase=True,
         note="K = 1 and the grace window, learners out of phase",
     ),
-    Arm("+ int4 up and down", ("syncer.adopt=replace",), out_of_phase=True),
-    Arm("+ rebase adoption", (), out_of_phase=True, note="today's decoupled defaults"),
+    Arm("+ int4 up and down", ("syncer.adopt=replace", *_RDA), out_of_phase=True),
+    Arm("+ rebase adoption", _RDA, out_of_phase=True, note="merged by RDA"),
+    Arm(
+        "+ lr feedback",
+        (),
+        out_of_phase=True,
+        note="the mean merge, each tensor's inner lr raised by the learners' spread: today's decoupled defaults",
+    ),
 )
 
 

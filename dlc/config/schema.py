@@ -188,6 +188,10 @@ class Recipe(Section):
         a restarting syncer's), and the syncer."""
         return self.learners.cpus_reserved() + self.syncer.num_cpus
 
+    def lr_feedback(self) -> bool:
+        """Whether the syncer sets the learners' learning rate a tensor (`syncer.lr_feedback`, decoupled only)."""
+        return self.algorithm == "decoupled" and self.syncer.lr_feedback != "none"
+
     def schedule_steps(self) -> int:
         """Length of the inner learning-rate schedule in steps."""
         if self.inner.schedule_steps is not None:

@@ -45,9 +45,20 @@ class SyncerConfig(Section):
         description="Each version a push's base is behind multiplies its merge weight by this (1: no discount).",
     )
     merge: Literal["mean", "rda"] = Field(
-        "rda",
-        description="rda: radial-directional averaging per tensor (weighted mean for embeddings); mean: weighted "
-        "average of deltas.",
+        "mean",
+        description="mean: weighted average of deltas; rda: radial-directional averaging per tensor (weighted "
+        "mean for embeddings): the mean scaled up by how far the learners' deltas cancel in it.",
+    )
+    lr_feedback: Literal["none", "spread"] = Field(
+        "spread",
+        description="spread: each round the syncer measures per tensor how far the learners' deltas cancel in "
+        "their mean (the mean of their norms over the norm of their mean: 1 when they agree, up to sqrt(M) when "
+        "they are noise) and each learner multiplies that tensor's learning rate by it (smoothed over rounds, "
+        "lr_feedback_decay): small batches a learner then step as far as data-parallel's one batch. "
+        "Decoupled only; none: the learning rate as scheduled.",
+    )
+    lr_feedback_decay: float = Field(
+        0.8, ge=0, lt=1, description="lr_feedback: weight of the previous factor when a round brings a new one."
     )
     outer: OuterConfig = Field(
         default_factory=NesterovOuter,
@@ -82,6 +93,16 @@ class SyncerConfig(Section):
     @classmethod
     def _legacy_outer(cls, data: Any) -> Any:
         return legacy_outer(data)
+
+    @model_validator(mode="after")
+    def _one_rescaling(self) -> SyncerConfig:
+        if self.merge == "rda" and self.lr_feedback != "none":
+            raise ValueError(
+                "syncer.merge=rda scales each merged tensor up by how far the learners' deltas cancel, and "
+                "syncer.lr_feedback=spread raises the learners' learning rate by the same factor: both would "
+                "count it twice. Set syncer.merge=mean (the default) or syncer.lr_feedback=none"
+            )
+        return self
 
     @field_validator("weighting", mode="before")
     @classmethod

@@ -18,7 +18,7 @@ import numpy as np
 from dlc.config.schema import Recipe
 from dlc.core.model import Params, build_model
 from dlc.core.sharding import Placement
-from dlc.core.steps import make_grad_step, make_optimizer, make_train_step
+from dlc.core.steps import LeafScales, make_grad_step, make_optimizer, make_train_step
 from dlc.data.plan import StreamSource, open_stream
 
 
@@ -48,6 +48,7 @@ class Learner:
         self.placement = Placement(settings.devices, settings.mesh)
         self.params: Params = self.place(params)
         self.opt_state: Any = self.place(self.optimizer.init(self.params))
+        self._scales_at = self.opt_state[-1].scales.sharding  # the tensors' lr factors (`set_leaf_scales`)
         # None: a hot spare, which holds no data until it takes a learner's slot (`rebind`).
         self.stream: Any = None if source is None else open_stream(source, self.batch_size, self.seq_len)
         shardings = None
@@ -67,6 +68,17 @@ class Learner:
     def place(self, tree: Any) -> Any:
         """Host or device arrays, committed to this learner's devices (sharded over several)."""
         return self.placement.put(tree)
+
+    def leaf_scales_to_device(self, scales: np.ndarray) -> jax.Array:
+        """Each tensor's factor (`set_leaf_scales`) where the optimizer holds them; any thread."""
+        return jax.device_put(np.asarray(scales, dtype=np.float32), self._scales_at)
+
+    def set_leaf_scales(self, scales: jax.Array) -> None:
+        """Multiply each tensor's steps from the next on by its factor, in `jax.tree_util.tree_leaves`
+        order (`syncer.lr_feedback`), as `leaf_scales_to_device` placed them: the optimizer's last part
+        (`steps.scale_by_leaf`) holds them."""
+        *rest, _ = self.opt_state
+        self.opt_state = (*rest, LeafScales(scales))
 
     @property
     def tokens_per_step(self) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -52,8 +52,31 @@ def make_schedule(cfg: InnerConfig, schedule_steps: int) -> optax.Schedule:
     )
 
 
+class LeafScales(NamedTuple):
+    """`scale_by_leaf`'s state: one factor a parameter tensor, in `jax.tree_util.tree_leaves` order."""
+
+    scales: jax.Array
+
+
+def scale_by_leaf() -> optax.GradientTransformation:
+    """Multiply each tensor's update by its factor in the state (1 at first): a learning rate per
+    tensor that the learner sets between steps (`Learner.set_leaf_scales`) without a recompile."""
+
+    def init(params: Any) -> LeafScales:
+        return LeafScales(jnp.ones(len(jax.tree_util.tree_leaves(params)), jnp.float32))
+
+    def update(updates: Any, state: LeafScales, params: Any = None) -> tuple[Any, LeafScales]:
+        leaves, tree = jax.tree_util.tree_flatten(updates)
+        scaled = [leaf * state.scales[i].astype(leaf.dtype) for i, leaf in enumerate(leaves)]
+        return jax.tree_util.tree_unflatten(tree, scaled), state
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(cfg: InnerConfig, schedule_steps: int) -> optax.GradientTransformation:
-    """AdamW with clipping. Biases, norms and embeddings of rank < 2 are not decayed."""
+    """AdamW with clipping, each tensor's step then multiplied by its factor (`scale_by_leaf`: 1 unless
+    `syncer.lr_feedback` sets it, there whatever the recipe, so that every checkpoint has one shape).
+    Biases, norms and embeddings of rank < 2 are not decayed."""
     decay_mask = lambda params: jax.tree_util.tree_map(lambda x: x.ndim >= 2, params)  # noqa: E731
     return optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip_norm),
@@ -65,6 +88,7 @@ def make_optimizer(cfg: InnerConfig, schedule_steps: int) -> optax.GradientTrans
             weight_decay=cfg.weight_decay,
             mask=decay_mask,
         ),
+        scale_by_leaf(),
     )
 
 

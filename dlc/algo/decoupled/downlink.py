@@ -46,11 +46,14 @@ class Downlink:
         for key in [k for k in self.synced if k[0] == learner]:
             del self.synced[key]
 
-    def whole(self, learner: int, p: int, version: int, theta_p: np.ndarray, now: float) -> MergedFragment:
-        """Fragment p at `version` whole, for a learner that holds no version of it known here."""
+    def whole(
+        self, learner: int, p: int, version: int, theta_p: np.ndarray, now: float, factors: tuple[float, ...] = ()
+    ) -> MergedFragment:
+        """Fragment p at `version` whole, for a learner that holds no version of it known here;
+        `factors`: the learning-rate factors that go with it (`lr_feedback`)."""
         value = self.held[p] if self.by_difference else theta_p
         self.synced[(learner, p)] = version
-        return MergedFragment(p, version, self.whole_codec.encode(value), now)
+        return MergedFragment(p, version, self.whole_codec.encode(value), now, lr_factors=factors)
 
     def round(
         self,
@@ -60,22 +63,25 @@ class Downlink:
         pairs: tuple[tuple[int, int], ...],
         members: set[int],
         now: float,
+        factors: tuple[float, ...] = (),
     ) -> list[tuple[int, MergedFragment]]:
         """Fragment p merged into `version` for every member, in learner order: one message
-        shared by all, or with differences, one shared by those a version behind."""
+        shared by all, or with differences, one shared by those a version behind; `factors` go with it."""
         if not self.by_difference:
-            message = MergedFragment(p, version, self.codec.encode(theta_p), now, pairs)
+            message = MergedFragment(p, version, self.codec.encode(theta_p), now, pairs, lr_factors=factors)
             return [(learner, message) for learner in sorted(members)]
         diff = self.codec.encode(theta_p - self.held[p])
         self.held[p] = self.held[p] + self.codec.decode(diff)
-        by_diff = MergedFragment(p, version, diff, now, pairs, base_version=version - 1)
+        by_diff = MergedFragment(p, version, diff, now, pairs, base_version=version - 1, lr_factors=factors)
         whole: MergedFragment | None = None
         out = []
         for learner in sorted(members):
             if self.synced.get((learner, p)) == version - 1:
                 message = by_diff
             else:  # it holds no version we know: send the value itself, exactly
-                whole = whole or MergedFragment(p, version, self.whole_codec.encode(self.held[p]), now, pairs)
+                whole = whole or MergedFragment(
+                    p, version, self.whole_codec.encode(self.held[p]), now, pairs, lr_factors=factors
+                )
                 message = whole
             self.synced[(learner, p)] = version
             out.append((learner, message))

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dlc.algo.decoupled.lr_feedback import LeafFactors
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.received import ReceivedFragments
 from dlc.algo.protocol import Traffic
@@ -142,6 +143,7 @@ class DecoupledLearnerSync:
         self._sender: threading.Thread | None = None
         self.failure: str | None = None  # what broke the sender thread, raised in the loop
         self.beat_at = float("-inf")  # when a push last doubled as a heartbeat (time.monotonic)
+        self.factors = LeafFactors.for_learner(plan, learner, recipe.lr_feedback())
 
     # -- parameter access (host copies: for state copies and checkpoints, never per step) -----
 
@@ -194,8 +196,7 @@ class DecoupledLearnerSync:
             incarnation=self.incarnation,
             step=item.step if beat else None,
         )
-        # One ordered stream of sends, also against a reconnect re-sending; deliveries, which take
-        # only `_lock`, never wait behind a slow send.
+        # One ordered stream of sends, also against a reconnect re-sending; deliveries (only `_lock`) never wait.
         with self._send_lock:
             with self._lock:
                 self.unacked[push.seq] = replace(push, step=None)  # a re-send is no heartbeat
@@ -212,9 +213,8 @@ class DecoupledLearnerSync:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    # The protocol never blocks the loop on the network or the syncer: sends and deliveries run on
-    # threads of their own (see the module doc), so this stays 0. What does stop the loop,
-    # checkpoints and state copies for a peer, the engine measures around it (`LearnerWorker.blocked_s`).
+    # The protocol never blocks the loop: sends and deliveries run on threads of their own (the module
+    # doc). What does (checkpoints, state copies for a peer) the engine measures (`LearnerWorker.blocked_s`).
     waiting_s = 0.0
     idle: Callable[[], object] | None = None
 
@@ -231,6 +231,7 @@ class DecoupledLearnerSync:
         if isinstance(msg, FragmentRequest):
             self.inbox.put(msg)
             return
+        self.factors.offer(msg.fragment, msg.lr_factors)
         with self._lock:
             self._acknowledge(msg)
             mine = [seq for learner, seq in msg.merged if learner == self.learner.index]
@@ -267,6 +268,8 @@ class DecoupledLearnerSync:
             if not sent or self.learner.step >= sent[-1].step + self.tau:
                 self.adopt(p, version, value)
                 del self.waiting[p]
+        if (factors := self.factors.take()) is not None:
+            self.learner.set_leaf_scales(factors)
         return pushed
 
     def adopt(self, p: int, version: int, global_p: jax.Array | np.ndarray) -> None:
@@ -388,12 +391,7 @@ class DecoupledLearnerSync:
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tree = {"anchors": {str(p): a for p, a in enumerate(self.host_anchors())}}
-        meta = {
-            "versions": self.versions,
-            "steps_since": self.steps_since,
-            "tokens_since": self.tokens_since,
-            "seq": self.seq,
-        }
+        meta = dict(versions=self.versions, steps_since=self.steps_since, tokens_since=self.tokens_since, seq=self.seq)
         return tree, meta
 
     def load(self, tree: dict[str, Any], meta: dict[str, Any]) -> None:

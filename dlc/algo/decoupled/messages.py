@@ -59,6 +59,7 @@ class MergedFragment:
     sent_at: float
     merged: tuple[tuple[int, int], ...] = ()  # (learner, seq) of the pushes merged: their acknowledgement
     base_version: int | None = None
+    lr_factors: tuple[float, ...] = ()  # syncer.lr_feedback: one a piece of the fragment (`lr_feedback`)
 
 
 # -- on the direct channel (`dlc.net.wire`): fixed layouts, little-endian -------------------------
@@ -68,7 +69,7 @@ _PAYLOADS = [np.dtype(get_codec(name).payload_dtype).newbyteorder("<") for name 
 _SCALES = np.dtype("<f4")
 _ENCODED = struct.Struct("<BqqQQ")  # codec, length, block size, payload values, scales
 _PUSH = struct.Struct("<qqqqqqqdq?")  # learner .. incarnation, sent_at, step, whether step is given
-_MERGED = struct.Struct("<qqdq?Q")  # fragment, version, sent_at, base version, whether given, pairs
+_MERGED = struct.Struct("<qqdq?QQ")  # fragment, version, sent_at, base version, whether given, pairs, factors
 _REQUEST = struct.Struct("<qqd")
 
 
@@ -113,18 +114,22 @@ def _merged_parts(msg: MergedFragment) -> list[bytes | memoryview] | None:
         return None
     given = msg.base_version is not None
     base = msg.base_version if given else 0
-    head = _MERGED.pack(msg.fragment, msg.version, msg.sent_at, base, given, len(msg.merged))
+    head = _MERGED.pack(msg.fragment, msg.version, msg.sent_at, base, given, len(msg.merged), len(msg.lr_factors))
     pairs = struct.pack(f"<{2 * len(msg.merged)}q", *(n for pair in msg.merged for n in pair))
-    return [head, pairs, *payload]
+    factors = struct.pack(f"<{len(msg.lr_factors)}d", *msg.lr_factors)
+    return [head, pairs, factors, *payload]
 
 
 def _merged_from(data: memoryview) -> MergedFragment:
-    fragment, version, sent_at, base_version, given, count = wire.header(_MERGED, data)
+    fragment, version, sent_at, base_version, given, count, n_factors = wire.header(_MERGED, data)
     pairs = struct.Struct(f"<{2 * count}q")
     flat = wire.header(pairs, data[_MERGED.size :])
     merged = tuple(zip(flat[0::2], flat[1::2], strict=True))
-    payload = _encoded_from(data, _MERGED.size + pairs.size)
-    return MergedFragment(fragment, version, payload, sent_at, merged, base_version if given else None)
+    factors = struct.Struct(f"<{n_factors}d")
+    lr_factors = wire.header(factors, data[_MERGED.size + pairs.size :])
+    payload = _encoded_from(data, _MERGED.size + pairs.size + factors.size)
+    base = base_version if given else None
+    return MergedFragment(fragment, version, payload, sent_at, merged, base, tuple(lr_factors))
 
 
 def _request_parts(msg: FragmentRequest) -> list[bytes] | None:

@@ -23,6 +23,7 @@ import numpy as np
 from dlc.algo.counters import SyncCounters
 from dlc.algo.decoupled.downlink import Downlink
 from dlc.algo.decoupled.guards import GraceWindow
+from dlc.algo.decoupled.lr_feedback import SpreadBook
 from dlc.algo.decoupled.messages import FragmentRequest, MergedFragment, Push
 from dlc.algo.decoupled.rounds import RoundBook, RoundResult
 from dlc.algo.decoupled.schedule import Schedule
@@ -71,6 +72,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         self.schedule = schedule if schedule is not None else Schedule.from_recipe(recipe, plan.num_fragments)
         self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
         self.outer = [make_outer(cfg.outer, plan.size(p)) for p in range(plan.num_fragments)]
+        self.spread = SpreadBook(plan, cfg.lr_feedback, cfg.lr_feedback_decay)  # the learners' lr factors
         self.book = self._new_book([0] * plan.num_fragments)
         self.heartbeats: dict[int, float] = {}
         self.members: set[int] = set()
@@ -116,7 +118,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
             if holds_initial and version == 0:
                 self.downlink.holds(learner, p, 0)
             elif not holds_initial and version > 0:
-                message = self.downlink.whole(learner, p, version, self.theta[p], self.clock())
+                message = self.downlink.whole(learner, p, version, self.theta[p], self.clock(), self.spread.factors(p))
                 self.counters.bytes_down += self.deliver(learner, message)
 
     def rejoin(self, learner: int) -> None:
@@ -245,6 +247,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
             result.tokens, result.steps, self.cfg.weighting, result.staleness, self.cfg.staleness_discount
         )
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
+        self.spread.update(p, result.deltas, weights)
         self.theta[p] = self.outer[p].step(self.theta[p], merged)
         pairs = tuple(zip(result.learners, result.seqs, strict=True))
         self.counters.round_closed(result.learners)
@@ -267,6 +270,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
                 for learner, seqs in zip(result.learners, result.merged_seqs, strict=True)
                 for seq in seqs
             ],
+            lr_factors=[round(f, 4) for f in self.spread.factors(p)] or None,
         )
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
@@ -275,6 +279,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
                     "version": result.version,
                     "theta": self.theta[p],
                     "outer": self.outer[p].state(),  # the outer step's own state, keys unknown here
+                    "spread": self.spread.state(p),
                     "merged": pairs,
                     "history": self.book.merged_history(p),  # what later pushes of p are netted against
                     "counters": self._counters(),
@@ -282,7 +287,8 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
                 }
             )
         # Once to every member, contributors or not.
-        down = self.downlink.round(p, result.version, self.theta[p], pairs, self.members, self.clock())
+        factors = self.spread.factors(p)
+        down = self.downlink.round(p, result.version, self.theta[p], pairs, self.members, self.clock(), factors)
         for learner, message in down:
             self.counters.bytes_down += self.deliver(learner, message)
         self.book.mark_sent(p)
@@ -339,6 +345,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
             return False
         self.theta[p] = np.asarray(record["theta"], dtype=np.float32)
         self.outer[p].load(record["outer"])
+        self.spread.load(p, record["spread"])
         versions = list(self.book.versions)
         versions[p] = record["version"]
         self._restore_counters(versions, record["counters"])
@@ -389,6 +396,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         tree = {
             "theta": {str(p): t for p, t in enumerate(self.theta)},
             "outer": {str(p): outer.state() for p, outer in enumerate(self.outer)},
+            "spread": {str(p): self.spread.state(p) for p in range(self.plan.num_fragments)},
         }
         meta = {"versions": list(self.book.versions), **self._counters(), "plan": self.plan.fingerprint()}
         return tree, meta
@@ -398,4 +406,5 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         self.theta = [np.asarray(tree["theta"][str(p)], dtype=np.float32) for p in range(P)]
         for p, outer in enumerate(self.outer):
             outer.load(tree["outer"][str(p)])
+            self.spread.load(p, tree["spread"][str(p)])
         self._restore_counters(list(meta["versions"]), meta)

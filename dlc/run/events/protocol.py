@@ -55,7 +55,8 @@ class PushRejected(Event):
 @declared(PROTOCOL, "round_closed")
 class RoundClosed(Event):
     """A fragment's round merged: each contributor's newest `seqs`, and `merged`, every (learner, seq) folded in,
-    superseded pushes included; `replayed` marks a round a restarted syncer reported for its predecessor."""
+    superseded pushes included; `lr_factors`, the learning-rate factor of each of the fragment's pieces sent
+    down with it (`syncer.lr_feedback`); `replayed` marks a round a restarted syncer reported for its predecessor."""
 
     fragment: int
     version: int
@@ -67,6 +68,7 @@ class RoundClosed(Event):
     grace_s: float | None = None
     waited_s: float | None = None
     merged: list[tuple[int, int]] | None = None
+    lr_factors: list[float] | None = None
     replayed: bool = False
 
 

@@ -452,3 +452,30 @@ def test_weights_follow_the_tokens_behind_each_push_with_unequal_batches():
             weights[learner] += weight / len(rounds)
     tokens = np.array([learner.tokens for learner in run.learners], dtype=float)
     np.testing.assert_allclose(weights, tokens / tokens.sum(), rtol=0.10)
+
+
+def test_each_learner_steps_each_tensor_by_the_syncers_factor_for_it():
+    from dlc.algo.decoupled.lr_feedback import LeafFactors
+    from dlc.core.fragment_ops import leaf_names
+    from dlc.core.steps import LeafScales
+
+    run = make_run(twin_recipe(learners=2))  # lr_feedback=spread, merge=mean: the defaults
+    for _ in range(11):  # three rounds of each fragment
+        run.step_all()
+    expected = LeafFactors(run.syncs[0].plan, leaf_names(run.syncs[0].learner.params))
+    for p in range(run.syncer.plan.num_fragments):
+        expected.offer(p, run.syncer.spread.factors(p))
+    factors = expected.take()
+    run.step_all()  # the learners take what came down with the merges at their next step
+    # Two learners on different data: their deltas partly cancel, every factor above 1, below sqrt(2).
+    assert factors is not None and factors.min() > 1.0 and factors.max() < np.sqrt(2.0)
+    for sync in run.syncs:  # what each learner's optimizer multiplies its steps by, tensor by tensor
+        np.testing.assert_allclose(np.asarray(sync.learner.opt_state[-1].scales), factors, rtol=1e-6)
+    run.finish()
+    off = make_run(twin_recipe(learners=2, lr_feedback="none"))
+    for _ in range(6):
+        off.step_all()
+    assert off.syncer.counters.rounds_closed > 0
+    for sync in off.syncs:  # the factors are still there, and stay 1
+        assert isinstance(sync.learner.opt_state[-1], LeafScales)
+        assert np.asarray(sync.learner.opt_state[-1].scales).tolist() == [1.0] * len(factors)

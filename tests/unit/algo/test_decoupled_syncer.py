@@ -456,3 +456,42 @@ def test_the_syncer_of_algorithm_none_never_asks_a_learner_however_far_they_step
     assert syncer.next_tick_in() == IDLE_TICK_S
     status = syncer.status()
     assert status["global_step"] == 0.0 and status["grace_window_s"] == 0.0 and status["versions"] == [0]
+
+
+def test_lr_factors_go_down_with_every_merge_and_survive_the_journal_and_the_checkpoint():
+    syncer, plan, delivered, _ = make(quorum=2)
+    records = []
+    syncer.journal = records.append
+    a, b = np.zeros(plan.size(0)), np.zeros(plan.size(0))
+    a[0], b[1] = 2.0, 2.0  # as long, at right angles: their mean is sqrt(2) times shorter
+    syncer.open_round(0)
+    syncer.push(push(0, 0, a, seq=0))
+    syncer.push(push(1, 0, b, seq=0))
+    assert syncer.tick() == 1
+    first = 0.8 * 1.0 + 0.2 * np.sqrt(2.0)  # smoothed from 1 with lr_feedback_decay 0.8
+    assert [(m, msg.lr_factors) for m, msg in delivered] == [(0, pytest.approx((first,))), (1, pytest.approx((first,)))]
+    closed = [e for e in syncer.drain_events() if isinstance(e, events.RoundClosed)]
+    assert closed[0].lr_factors == [round(first, 4)]  # in the run log too
+    # The plain mean is merged (merge=mean, the default with the feedback): [-1, -1, 0 ...].
+    np.testing.assert_allclose(syncer.theta[0][:3], [-1.0, -1.0, 0.0])
+    replayed, _, _, _ = make(quorum=2)
+    for record in records:
+        replayed.replay(pickle.loads(pickle.dumps(record)))
+    restored, _, rejoined, _ = make(quorum=2)
+    restored.load(*syncer.state())
+    for other in (replayed, restored):
+        assert other.spread.factors(0) == pytest.approx((first,)) and other.spread.factors(1) == (1.0,)
+    # A learner that holds no known version gets each fragment whole, with its factors.
+    rejoined.clear()
+    restored.rejoin(1)
+    assert [(msg.fragment, msg.lr_factors) for _, msg in rejoined] == [(0, pytest.approx((first,)))]
+    off, _, sent, _ = make(quorum=1, lr_feedback="none")
+    off.open_round(0)
+    off.push(push(0, 0, a, seq=0))
+    assert off.tick() == 1 and all(msg.lr_factors == () for _, msg in sent)
+
+
+def test_rda_and_the_lr_feedback_are_refused_together():
+    with pytest.raises(ValueError, match="count it twice"):
+        Recipe.model_validate({"syncer": {"merge": "rda"}})
+    assert Recipe.model_validate({"syncer": {"merge": "rda", "lr_feedback": "none"}}).syncer.merge == "rda"

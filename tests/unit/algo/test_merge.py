@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlc.algo.merge import merge_deltas, merge_weights
+from dlc.algo.merge import merge_deltas, merge_weights, spreads
 
 
 def test_weight_modes_by_hand() -> None:
@@ -90,3 +90,18 @@ def test_merge_errors() -> None:
         merge_deltas([d, np.ones(3)], np.array([1.0, 1.0]), "mean")
     with pytest.raises(ValueError, match="cover"):
         merge_deltas([d], np.array([1.0]), "rda", [("a", 0, 3)])
+
+
+def test_spreads_by_hand() -> None:
+    segments = [("w", 0, 2), ("emb", 2, 2), ("still", 4, 1)]
+    d0 = np.array([3.0, 4.0, 1.0, 0.0, 0.0], dtype=np.float32)
+    d1 = np.array([0.0, 10.0, 0.0, 1.0, 0.0], dtype=np.float32)
+    got = spreads([d0, d1], np.array([1.0, 1.0]), segments)
+    # "w": norms 5 and 10 -> 7.5 over the mean [1.5, 7.0]'s norm sqrt(51.25) = 7.158911 -> 1.047648.
+    # "emb": two orthogonal unit deltas -> 1 over sqrt(0.5) = sqrt(2). "still": nobody moved -> 1.
+    np.testing.assert_allclose(got, [7.5 / np.sqrt(51.25), np.sqrt(2.0), 1.0], rtol=1e-6)
+    # Weighted: 0.25 and 0.75 of "emb" -> 1 over |[0.25, 0.75]| = 1 / sqrt(0.625).
+    np.testing.assert_allclose(spreads([d0, d1], np.array([1.0, 3.0]), segments)[1], 1 / np.sqrt(0.625), rtol=1e-6)
+    # One learner, or learners that agree, spread nothing: exactly 1.
+    np.testing.assert_array_equal(spreads([d0], np.array([1.0]), segments), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(spreads([d1, d1], np.array([0.3, 0.7]), segments), [1.0, 1.0, 1.0])

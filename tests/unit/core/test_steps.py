@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from dlc.config.workload import InnerConfig, ModelConfig
@@ -46,3 +47,21 @@ def test_the_z_loss_adds_the_mean_squared_log_normaliser_and_the_loss_reported_i
     assert float(plain_loss) == pytest.approx(float(z_loss), rel=1e-6)
     differ = jax.tree_util.tree_map(lambda a, b: bool(jnp.any(a != b)), plain_grads, z_grads)
     assert any(jax.tree_util.tree_leaves(differ))
+
+
+def test_each_tensors_step_is_multiplied_by_its_factor():
+    from dlc.core.steps import LeafScales, make_optimizer
+
+    cfg = InnerConfig(lr=0.1, warmup_steps=0, weight_decay=0.1)
+    params = {"a": jnp.ones((2, 2)), "b": jnp.full((3,), 2.0)}  # leaves in order: a, b
+    grads = {"a": jnp.full((2, 2), 0.1), "b": jnp.array([0.2, -0.2, 0.05])}  # norm 0.35: not clipped
+    optimizer = make_optimizer(cfg, 10)
+    state = optimizer.init(params)
+    assert isinstance(state[-1], LeafScales) and state[-1].scales.tolist() == [1.0, 1.0]
+    plain = optax.adamw(0.1, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=0.1, mask={"a": True, "b": False})
+    expected, _ = plain.update(grads, plain.init(params), params)
+    same, _ = optimizer.update(grads, state, params)  # factors of 1: AdamW's step exactly
+    got, _ = optimizer.update(grads, (*state[:-1], LeafScales(jnp.array([2.0, 0.0]))), params)
+    for key, factor in (("a", 2.0), ("b", 0.0)):  # decoupled weight decay is scaled with the rest
+        np.testing.assert_allclose(same[key], expected[key], rtol=1e-6)
+        np.testing.assert_allclose(got[key], factor * expected[key], rtol=1e-6)

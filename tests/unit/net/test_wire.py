@@ -44,11 +44,12 @@ def test_a_push_comes_back_whole_in_every_codec(codec, step):
 
 @pytest.mark.parametrize("base_version", [None, 0, 41])
 @pytest.mark.parametrize("merged", [(), ((0, 5), (3, 10**9 + 2))])
-def test_a_merged_fragment_comes_back_whole(base_version, merged):
-    message = MergedFragment(5, 42, encoded("int4", 1001), 123.5, merged, base_version)
+@pytest.mark.parametrize("factors", [(), (1.0, 1.4142135623730951, 1.25)])
+def test_a_merged_fragment_comes_back_whole(base_version, merged, factors):
+    message = MergedFragment(5, 42, encoded("int4", 1001), 123.5, merged, base_version, factors)
     got = round_trip(message)
-    fields = (got.fragment, got.version, got.sent_at, got.merged, got.base_version)
-    assert fields == (5, 42, 123.5, merged, base_version)
+    fields = (got.fragment, got.version, got.sent_at, got.merged, got.base_version, got.lr_factors)
+    assert fields == (5, 42, 123.5, merged, base_version, factors)
     same_encoded(got.payload, message.payload)
 
 

@@ -41,14 +41,17 @@ def test_the_count_by_hand():
 
 
 def test_a_learners_arrays_by_hand():
-    """tiny: float32 parameters, AdamW's two moments and its two step counters (int32); over two fsdp
-    devices the matrices are halved and the rest replicated on both; over two data devices all is on both."""
+    """tiny: float32 parameters, AdamW's two moments, its two step counters (int32) and one float32 lr
+    factor a tensor (`steps.scale_by_leaf`); over two fsdp devices the matrices are halved and the rest
+    replicated on both; over two data devices all is on both."""
     n = 219_520
+    factors = 4 * 44  # tiny's tensors: 10 in each of 4 blocks, 2 embeddings, the final norm's 2
     arrays = learner_arrays(load_recipe(TINY), 0)
-    assert (arrays.params, arrays.optimizer) == (4 * n, 2 * 4 * n + 2 * 4)
+    assert (arrays.params, arrays.optimizer) == (4 * n, 2 * 4 * n + 2 * 4 + factors)
     # Of tiny's parameters the vectors that do not split are none: every dimension is 64, 256 or 128.
     fsdp = learner_arrays(load_recipe(TINY, ["learners.devices=2", "learners.mesh={data: 1, fsdp: 2}"]), 0)
-    assert fsdp.params == 4 * n and fsdp.optimizer == 2 * 4 * n + 2 * 2 * 4  # counters replicated
+    # The counters are replicated; the 44 factors split in two, as any vector of an even length.
+    assert fsdp.params == 4 * n and fsdp.optimizer == 2 * 4 * n + 2 * 2 * 4 + factors
     data = learner_arrays(load_recipe(TINY, ["learners.devices=2", "learners.mesh={data: 2, fsdp: 1}"]), 0)
     assert data.params == 2 * 4 * n
     # The activations scale with the batch, and bfloat16's are float32's on a CPU learner.

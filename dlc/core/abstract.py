@@ -82,7 +82,7 @@ class LearnerArrays:
     """Bytes of what one learner holds, all its devices together."""
 
     params: int
-    optimizer: int  # AdamW's moments and step counters, in the parameters' layout
+    optimizer: int  # AdamW's moments and step counters, and an lr factor a tensor, in the parameters' layout
     activations: int  # what the step's forward pass keeps for its backward pass, beyond the parameters
 
     @property

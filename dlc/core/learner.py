@@ -49,6 +49,7 @@ class Learner:
         self.params: Params = self.place(params)
         self.opt_state: Any = self.place(self.optimizer.init(self.params))
         self._scales_at = self.opt_state[-1].scales.sharding  # the tensors' lr factors (`set_leaf_scales`)
+        self._factored = recipe.lr_feedback()  # whether the syncer sets them; if not they stay 1
         # None: a hot spare, which holds no data until it takes a learner's slot (`rebind`).
         self.stream: Any = None if source is None else open_stream(source, self.batch_size, self.seq_len)
         shardings = None
@@ -188,6 +189,8 @@ class Learner:
         host = jax.device_get(tree)
         self.params = self.place(host["params"])
         self.opt_state = self.place(host["opt_state"])
+        if not self._factored:  # a checkpoint of a run with the feedback, resumed without it
+            self.set_leaf_scales(self.leaf_scales_to_device(np.ones(self.opt_state[-1].scales.shape)))
         self.step = int(meta["step"])
         self.tokens = int(meta["tokens"])
         self.stream.position = int(meta["data_position"])

@@ -31,3 +31,18 @@ def test_a_learner_gives_each_tensor_its_pieces_factors_by_size_staged_for_the_l
     off.offer(1, (2.0,))
     off.offer(0, ())
     assert off.take() is None
+
+
+def test_a_checkpoint_with_factors_resumed_without_the_feedback_steps_at_the_scheduled_lr():
+    from dlc.core.learner import Learner
+    from dlc.data.plan import plan_data
+    from tests.helpers import twin_recipe
+
+    with_feedback = twin_recipe(learners=1)
+    learner = Learner(with_feedback, 0, plan_data(with_feedback).streams[0])
+    learner.set_leaf_scales(learner.leaf_scales_to_device(np.full(learner.opt_state[-1].scales.shape, 1.5)))
+    tree, meta = learner.state_tree(), learner.state_meta()
+    for recipe, expected in ((with_feedback, 1.5), (twin_recipe(learners=1, lr_feedback="none"), 1.0)):
+        resumed = Learner(recipe, 0, plan_data(recipe).streams[0])
+        resumed.load_state(tree, meta)
+        assert set(np.asarray(resumed.opt_state[-1].scales).tolist()) == {expected}

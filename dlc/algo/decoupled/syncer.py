@@ -248,6 +248,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         )
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         self.spread.update(p, result.deltas, weights)
+        factors = self.spread.factors(p)  # the learners' lr factors that go down with the new value
         self.theta[p] = self.outer[p].step(self.theta[p], merged)
         pairs = tuple(zip(result.learners, result.seqs, strict=True))
         self.counters.round_closed(result.learners)
@@ -270,7 +271,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
                 for learner, seqs in zip(result.learners, result.merged_seqs, strict=True)
                 for seq in seqs
             ],
-            lr_factors=[round(f, 4) for f in self.spread.factors(p)] or None,
+            lr_factors=[round(f, 4) for f in factors] or None,
         )
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
@@ -287,7 +288,6 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
                 }
             )
         # Once to every member, contributors or not.
-        factors = self.spread.factors(p)
         down = self.downlink.round(p, result.version, self.theta[p], pairs, self.members, self.clock(), factors)
         for learner, message in down:
             self.counters.bytes_down += self.deliver(learner, message)

@@ -129,6 +129,17 @@ class Checkpointer:
         step = self.latest_step()
         if step is None:
             raise UserError(f"no checkpoint in {self.directory}: pass --fresh to start over")
+        where = self.directory / str(step)
+        try:
+            saved = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "state").tree
+        except Exception:  # noqa: BLE001 - no readable metadata: the restore below says what is wrong
+            saved = None
+        if saved is not None and (differs := _differences(saved, like)):
+            raise UserError(
+                f"checkpoint {where} holds other state than this run trains ({differs}): it was written by "
+                "another version of dlc or for another model or optimizer; pass --fresh to start over, or "
+                "choose another run.dir"
+            )
         try:
             restored = self._manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore())
@@ -136,7 +147,7 @@ class Checkpointer:
         except Exception as exc:  # orbax raises many types for a damaged or foreign checkpoint
             _quiet_abandoned_reads()
             raise UserError(
-                f"checkpoint {self.directory / str(step)} is unreadable ({type(exc).__name__}: "
+                f"checkpoint {where} is unreadable ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}): pass --fresh to start "
                 "over, or choose another run.dir"
             ) from None
@@ -148,6 +159,31 @@ class Checkpointer:
             self.wait()
         finally:
             self._manager.close()
+
+
+def _differences(saved: Any, like: Any) -> str:
+    """What sets a saved tree (orbax's metadata) apart from the tree a restore expects, or ''."""
+
+    def leaves(tree: Any) -> dict[str, Any]:
+        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {
+            "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path): leaf
+            for path, leaf in flat
+        }
+
+    have, want = leaves(saved), leaves(like)
+    parts = []
+    if missing := sorted(want.keys() - have.keys()):
+        parts.append(f"{len(missing)} array(s) missing, such as {missing[0]}")
+    if extra := sorted(have.keys() - want.keys()):
+        parts.append(f"{len(extra)} this run does not make, such as {extra[0]}")
+    for name in sorted(want.keys() & have.keys()):
+        saved_shape = getattr(have[name], "shape", None)
+        shape = want[name].shape if hasattr(want[name], "shape") else np.shape(want[name])
+        if saved_shape is not None and tuple(saved_shape) != tuple(shape):
+            parts.append(f"{name} shaped {tuple(saved_shape)} where this run has {tuple(shape)}")
+            break
+    return "; ".join(parts)
 
 
 def _copy(leaf: Any) -> Any:

@@ -55,3 +55,30 @@ def test_a_background_write_that_failed_is_raised_by_the_next_wait_and_written_a
     store.save(3, tree, {"step": 3})  # not taken for saved: written now
     assert store.latest_step() == 3
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("like", "said"),
+    [
+        (
+            {"params": {"w": np.zeros((2, 3), np.float32)}, "scales": np.ones(2, np.float32)},
+            "1 array(s) missing, such as scales",
+        ),
+        ({"params": {}}, "1 this run does not make, such as params/w"),
+        ({"params": {"w": np.zeros((4, 3), np.float32)}}, "params/w shaped (2, 3) where this run has (4, 3)"),
+    ],
+)
+def test_a_checkpoint_of_other_state_is_refused_with_what_differs_before_anything_is_read(tmp_path, like, said):
+    """A run directory from an older dlc (its optimizer lacked a part) or another model: named, not a
+    restore that fails deep in orbax or, for a shape, quietly hands back the saved one."""
+    from dlc.errors import UserError
+
+    store = Checkpointer(tmp_path / "ck", keep=2)
+    store.save(3, {"params": {"w": np.ones((2, 3), np.float32)}}, {"step": 3})
+    store.close()
+    reader = Checkpointer(tmp_path / "ck", keep=2)
+    with pytest.raises(UserError, match="holds other state than this run trains") as refused:
+        reader.restore(like)
+    assert said in str(refused.value) and "another version of dlc" in str(refused.value)
+    assert "--fresh" in str(refused.value)
+    reader.close()

@@ -60,6 +60,14 @@ class SyncerConfig(Section):
     lr_feedback_decay: float = Field(
         0.8, ge=0, lt=1, description="lr_feedback: weight of the previous factor when a round brings a new one."
     )
+    lr_feedback_power: float = Field(
+        2.0,
+        gt=0,
+        le=4,
+        description="lr_feedback: the learners' factor is the smoothed spread to this power (at most M^(power/2) "
+        "for M learners). A delta sums H steps, whose signal adds up while their noise partly cancels, so a "
+        "delta's spread understates how much of one step is noise: a power above 1 makes up for it.",
+    )
     outer: OuterConfig = Field(
         default_factory=NesterovOuter,
         description="The outer step on each merged fragment, chosen by kind with its own fields beside it: "

@@ -34,10 +34,11 @@ class SpreadBook:
     """The syncer's side: each fragment's pieces' spreads, smoothed over rounds (1 when off, kept so
     that the syncer's checkpoints have one shape whatever the recipe)."""
 
-    def __init__(self, plan: FragmentPlan, mode: str, decay: float) -> None:
+    def __init__(self, plan: FragmentPlan, mode: str, decay: float, power: float = 1.0) -> None:
         self.plan = plan
         self.on = mode != "none"
         self.decay = decay
+        self.power = power
         self.values = [np.ones(len(plan.segments(p))) for p in range(plan.num_fragments)]
 
     def update(self, p: int, deltas: Sequence[np.ndarray], weights: np.ndarray) -> None:
@@ -47,8 +48,9 @@ class SpreadBook:
             self.values[p] = self.decay * self.values[p] + (1.0 - self.decay) * new
 
     def factors(self, p: int) -> tuple[float, ...]:
-        """What goes down with fragment p's value: one factor a piece, () when off."""
-        return tuple(float(v) for v in self.values[p]) if self.on else ()
+        """What goes down with fragment p's value: one factor a piece (its smoothed spread to the power),
+        () when off."""
+        return tuple(float(v) ** self.power for v in self.values[p]) if self.on else ()
 
     def state(self, p: int) -> np.ndarray:
         return self.values[p].copy()

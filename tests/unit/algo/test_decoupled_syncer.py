@@ -459,7 +459,7 @@ def test_the_syncer_of_algorithm_none_never_asks_a_learner_however_far_they_step
 
 
 def test_lr_factors_go_down_with_every_merge_and_survive_the_journal_and_the_checkpoint():
-    syncer, plan, delivered, _ = make(quorum=2)
+    syncer, plan, delivered, _ = make(quorum=2, lr_feedback_power=1.0)
     records = []
     syncer.journal = records.append
     a, b = np.zeros(plan.size(0)), np.zeros(plan.size(0))
@@ -474,10 +474,10 @@ def test_lr_factors_go_down_with_every_merge_and_survive_the_journal_and_the_che
     assert closed[0].lr_factors == [round(first, 4)]  # in the run log too
     # The plain mean is merged (merge=mean, the default with the feedback): [-1, -1, 0 ...].
     np.testing.assert_allclose(syncer.theta[0][:3], [-1.0, -1.0, 0.0])
-    replayed, _, _, _ = make(quorum=2)
+    replayed, _, _, _ = make(quorum=2, lr_feedback_power=1.0)
     for record in records:
         replayed.replay(pickle.loads(pickle.dumps(record)))
-    restored, _, rejoined, _ = make(quorum=2)
+    restored, _, rejoined, _ = make(quorum=2, lr_feedback_power=1.0)
     restored.load(*syncer.state())
     for other in (replayed, restored):
         assert other.spread.factors(0) == pytest.approx((first,)) and other.spread.factors(1) == (1.0,)
@@ -489,6 +489,20 @@ def test_lr_factors_go_down_with_every_merge_and_survive_the_journal_and_the_che
     off.open_round(0)
     off.push(push(0, 0, a, seq=0))
     assert off.tick() == 1 and all(msg.lr_factors == () for _, msg in sent)
+
+
+def test_the_lr_feedback_power_raises_the_smoothed_spread_to_it_and_the_checkpoint_keeps_the_spread():
+    syncer, plan, delivered, _ = make(quorum=2, lr_feedback_power=2.0)
+    a, b = np.zeros(plan.size(0)), np.zeros(plan.size(0))
+    a[0], b[1] = 2.0, 2.0
+    syncer.open_round(0)
+    syncer.push(push(0, 0, a, seq=0))
+    syncer.push(push(1, 0, b, seq=0))
+    assert syncer.tick() == 1
+    spread = 0.8 * 1.0 + 0.2 * np.sqrt(2.0)
+    assert [msg.lr_factors for _, msg in delivered] == [pytest.approx((spread**2,))] * 2
+    tree, _ = syncer.state()
+    np.testing.assert_allclose(tree["spread"]["0"], [spread])  # the power is the recipe's, not state
 
 
 def test_rda_and_the_lr_feedback_are_refused_together():

@@ -72,9 +72,8 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         self.schedule = schedule if schedule is not None else Schedule.from_recipe(recipe, plan.num_fragments)
         self.theta = [plan.gather(initial, p) for p in range(plan.num_fragments)]
         self.outer = [make_outer(cfg.outer, plan.size(p)) for p in range(plan.num_fragments)]
-        self.spread = SpreadBook(
-            plan, cfg.lr_feedback, cfg.lr_feedback_decay, cfg.lr_feedback_power
-        )  # the learners' lr factors
+        # The learners' lr factors.
+        self.spread = SpreadBook(plan, cfg.lr_feedback, cfg.lr_feedback_decay, cfg.lr_feedback_power)
         self.book = self._new_book([0] * plan.num_fragments)
         self.heartbeats: dict[int, float] = {}
         self.members: set[int] = set()

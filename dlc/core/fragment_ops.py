@@ -40,10 +40,14 @@ from dlc.core.model import Params
 from dlc.core.sharding import Placement
 
 
-def leaf_names(params: Params) -> list[str]:
-    """The "a/b/c" name of every leaf, in `jax.tree_util.tree_leaves` order."""
-    paths, _ = jax.tree_util.tree_flatten_with_path(params)
-    return ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in paths]
+def leaf_names(tree: Any) -> list[str]:
+    """The "a/b/c" name of every leaf, in `jax.tree_util.tree_leaves` order: each step a dict's key, a
+    sequence's index or a named tuple's field, so that a tree of tuples and the dicts and lists a
+    checkpoint stores it as name their leaves alike."""
+    paths, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [
+        "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path) for path, _ in paths
+    ]
 
 
 def encode_on_device(codec: str, block_size: int, x_M: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -24,6 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from dlc.core.fragment_ops import leaf_names
 from dlc.errors import UserError
 
 # orbax logs every save at INFO through absl; the run's own event log already records them.
@@ -165,11 +166,7 @@ def _differences(saved: Any, like: Any) -> str:
     """What sets a saved tree (orbax's metadata) apart from the tree a restore expects, or ''."""
 
     def leaves(tree: Any) -> dict[str, Any]:
-        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-        return {
-            "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path): leaf
-            for path, leaf in flat
-        }
+        return dict(zip(leaf_names(tree), jax.tree_util.tree_leaves(tree), strict=True))
 
     have, want = leaves(saved), leaves(like)
     parts = []

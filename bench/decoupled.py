@@ -1,13 +1,13 @@
 """Decoupled DiLoCo against its baselines, side by side in one invocation, on the real CLI.
 
     python bench/decoupled.py [--steps 300] [--repeats 2] [--recipe recipes/tiny.yaml] [--set key=value ...]
-                              [--vs key=value ...]
+                              [--vs 'key=value ...' ...]
 
 Measures, with M learners sharing the machine:
   1. learner throughput with the syncer vs the same learners with no synchronisation
      (`algorithm=none`), runs alternated A/B to spread drift, as a ratio of steady-state
-     per-learner tokens/s (compile time excluded); each `--vs key=value` adds a run of decoupled
-     with that override to every repeat (`--vs syncer.channel=ray`: the learners' messages as Ray
+     per-learner tokens/s (compile time excluded); each `--vs 'key=value ...'` adds a run of decoupled
+     with those overrides to every repeat (`--vs syncer.channel=ray`: the learners' messages as Ray
      actor calls), reported against the same `none` runs, with the standard error of the
      per-repeat ratios; and the same ratio over only the seconds in which every learner of the run
      trains (from its train records), which the start-up and the end of a short run do not tilt;
@@ -177,7 +177,11 @@ def main() -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override for every run (repeatable)"
     )
     ap.add_argument(
-        "--vs", action="append", default=[], metavar="KEY=VALUE", help="another decoupled run with this override"
+        "--vs",
+        action="append",
+        default=[],
+        metavar="'KEY=VALUE ...'",
+        help="another decoupled run with these overrides (space-separated; repeatable)",
     )
     args = ap.parse_args()
     M, S = args.learners, args.steps
@@ -189,7 +193,7 @@ def main() -> None:
         f"run.log_every_steps={max(1, S // 30)}",
     ]
     arms = {"none": ["algorithm=none"], "decoupled": ["algorithm=decoupled"]}
-    arms.update({f"decoupled, {kv}": ["algorithm=decoupled", kv] for kv in args.vs})
+    arms.update({f"decoupled, {kv}": ["algorithm=decoupled", *kv.split()] for kv in args.vs})
     rates: dict[str, list[float]] = {name: [] for name in arms}
     together: dict[str, list[float]] = {name: [] for name in arms}  # while every learner trains
     cpu: dict[str, list[dict[str, float]]] = {name: [] for name in arms}  # per run: `cpu_per_step`

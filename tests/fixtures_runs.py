@@ -1,6 +1,6 @@
 """Run directories written by hand for `dlc status` and `dlc report` tests.
 
-One shape (tiny: 4 learners of 16 x 64 bytes per step, 24 fragments) with round numbers, so the
+One shape (tiny, 4 learners of 16 x 64 bytes per step, with 24 fragments) with round numbers, so the
 tests can derive what the views must show:
 - every learner at step 100: 100 x 1024 = 102,400 tokens each, 409,600 in all;
 - parameters of tiny (width 64, 4 layers, context 64, tied): 219,520, so data-parallel sends
@@ -193,9 +193,11 @@ def make_run(
     chaos: list[dict[str, Any]] | None = None,
     events_tail: str = "",
 ) -> Path:
-    """A run directory of tiny with 4 learners; `status_obj` defaults to a healthy running one."""
+    """A run directory of tiny with 4 learners and the 24 fragments its events are written for;
+    `status_obj` defaults to a healthy running one."""
     path.mkdir(parents=True, exist_ok=True)
-    recipe = load_recipe(TINY, ["learners.count=4", f"run.dir={path}"])
+    shape = ["learners.count=4", "syncer.fragments=24", "syncer.sync_interval_steps=24"]
+    recipe = load_recipe(TINY, [*shape, f"run.dir={path}"])
     (path / "recipe.yaml").write_text(dump_recipe(recipe))
     write_jsonl(path / "events.jsonl", [e.record() for e in logged()], events_tail)
     write_jsonl(path / "metrics.jsonl", metrics())

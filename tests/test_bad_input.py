@@ -340,7 +340,7 @@ DAMAGED_RUN_CASES: list[tuple[str, Callable[[Path], Any], list[str], list[str]]]
         "journal-record-of-another-fragment-count",
         lambda run: rewrite_record(run, fragment=99),
         [],
-        ["fragment 99", "this run has 24 fragments"],
+        ["fragment 99", "this run has 16 fragments"],
     ),
     (
         "journal-record-of-another-size",
@@ -581,7 +581,7 @@ def test_the_restarted_syncer_refuses_a_record_that_does_not_fit(finished_run, t
     recipe = load_recipe(run / "recipe.yaml")
     worker = SyncerWorker(recipe.model_dump(mode="json"), str(run), marked_storage(run))
     try:
-        with pytest.raises(UserError, match="this run has 24 fragments"):
+        with pytest.raises(UserError, match="this run has 16 fragments"):
             worker.restore()
     finally:
         worker.close()

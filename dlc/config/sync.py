@@ -61,7 +61,7 @@ class SyncerConfig(Section):
         0.8, ge=0, lt=1, description="lr_feedback: weight of the previous factor when a round brings a new one."
     )
     lr_feedback_power: float = Field(
-        2.0,
+        2.5,
         gt=0,
         le=4,
         description="lr_feedback: the learners' factor is the smoothed spread to this power (at most M^(power/2) "

@@ -8,7 +8,7 @@ over the norm of their mean (`merge.spreads`) is 1 when they agree and approache
 they are mostly noise. RDA stretches the merged delta by as much, after the learners' steps; under
 this feedback the syncer merges by the mean and the learners multiply that tensor's learning rate
 by it, so that their own steps move about as far along the gradient as data-parallel's would. The
-factor is the spread to `syncer.lr_feedback_power` (2): a delta sums H steps, whose signal adds up
+factor is the spread to `syncer.lr_feedback_power` (2.5): a delta sums H steps, whose signal adds up
 while their noise partly cancels, so a delta's spread understates how noisy one step is.
 
 The syncer keeps the factor of every piece of every fragment, smoothed over the fragment's rounds

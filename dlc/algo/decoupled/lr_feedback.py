@@ -36,7 +36,7 @@ class SpreadBook:
     """The syncer's side: each fragment's pieces' spreads, smoothed over rounds (1 when off, kept so
     that the syncer's checkpoints have one shape whatever the recipe)."""
 
-    def __init__(self, plan: FragmentPlan, mode: str, decay: float, power: float = 1.0) -> None:
+    def __init__(self, plan: FragmentPlan, mode: str, decay: float, power: float) -> None:
         self.plan = plan
         self.on = mode != "none"
         self.decay = decay

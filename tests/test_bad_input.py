@@ -289,6 +289,8 @@ def test_train_refuses_a_run_directory_it_cannot_write(make, fragments, corpus, 
 # (case, damage done to a copy of the finished run, extra overrides, fragments)
 DAMAGED_RUN_CASES: list[tuple[str, Callable[[Path], Any], list[str], list[str]]] = [
     ("another-model", lambda run: None, ["model.width=32"], ["holds a checkpoint of a different run", "--fresh"]),
+    # before the journal is read: its fragment numbers would otherwise be called damage
+    ("other-fragments", lambda run: None, ["syncer.fragments=8"], ["changed: syncer.fragments from 16 to 8"]),
     ("recipe-yaml-a-list", lambda run: (run / "recipe.yaml").write_text("- 1\n"), [], ["recipe.yaml is not a recipe"]),
     ("recipe-yaml-section-a-number", lambda run: (run / "recipe.yaml").write_text("model: 5\n"), [], ["--fresh"]),
     ("recipe-yaml-a-directory", lambda run: replace_with_dir(run / "recipe.yaml"), [], ["recipe.yaml is a directory"]),

@@ -57,6 +57,8 @@ from dlc.run.storage import MARKER_FILE, RunStorage, is_url, local_dir_of
 
 # Recipe sections a resumed run must share with the checkpoint it resumes from.
 _STATE_SHAPING = ("model", "data", "learners")
+# Settings of other sections that shape what the checkpoints and the journal hold.
+_STATE_SHAPING_KEYS = {"syncer": ("fragments",)}
 # Learner settings that say where a learner runs, not what it holds: free to change on resume.
 _PLACEMENT_KEYS = frozenset({"placement", "resources", "label_selector", "num_cpus", "num_gpus", "accelerator_type"})
 # Model settings that say how the step is computed, not what the state holds: free to change on resume.
@@ -414,18 +416,24 @@ def _check_same_run(path: Path, recipe: Recipe, saved_text: str | None = None) -
         raise UserError(unreadable)
     current = _without_placement(recipe.model_dump(mode="json"))
     saved = _without_placement(saved)
-    for section in _STATE_SHAPING:
-        if saved.get(section) != current[section]:
-            changed = sorted(
-                k
-                for k in set(current[section]) | set(saved.get(section) or {})
-                if (saved.get(section) or {}).get(k) != current[section].get(k)
-            )
-            raise UserError(
-                f"run directory {str(path)!r} holds a checkpoint of a different run "
-                f"({', '.join(f'{section}.{k}' for k in changed)} changed): pass --fresh to start over "
-                "there, or choose another run.dir"
-            )
+    changed = [
+        f"{section}.{k}"
+        for section in _STATE_SHAPING
+        for k in sorted(set(current[section]) | set(saved.get(section) or {}))
+        if (saved.get(section) or {}).get(k) != current[section].get(k)
+    ]
+    for section, keys in _STATE_SHAPING_KEYS.items():
+        was = saved.get(section)
+        changed += [
+            f"{section}.{k} from {was[k]!r} to {current[section][k]!r}"
+            for k in keys
+            if isinstance(was, dict) and k in was and was[k] != current[section][k]
+        ]
+    if changed:
+        raise UserError(
+            f"run directory {str(path)!r} holds a checkpoint of a different run (changed: {', '.join(changed)}): "
+            "pass --fresh to start over there, or choose another run.dir"
+        )
 
 
 def _without_placement(recipe: dict[str, Any]) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def record_problem(record: Any, fragment_sizes: Sequence[int] | None = None) -> 
     if fragment_sizes is None:
         return None
     if fragment >= len(fragment_sizes):
-        return f"is a round of fragment {fragment}, but this run has {len(fragment_sizes)} fragments"
+        return f"is a round of fragment {fragment}, but this run has {_numbered(fragment_sizes)}"
     if "theta" in record and np.size(record["theta"]) != fragment_sizes[fragment]:
         return f"holds {np.size(record['theta'])} values of fragment {fragment}, which has {fragment_sizes[fragment]}"
     if "theta" in record and not isinstance(record.get("outer"), dict):  # the outer step's state, its keys its own
@@ -146,13 +146,18 @@ def record_problem(record: Any, fragment_sizes: Sequence[int] | None = None) -> 
     return None
 
 
+def _numbered(fragment_sizes: Sequence[int]) -> str:
+    """How many fragments this run has and how they are numbered, for a message."""
+    return f"{len(fragment_sizes)} fragments, numbered 0 to {len(fragment_sizes) - 1}"
+
+
 def _history_problem(history: dict[Any, Any], fragment_sizes: Sequence[int] | None) -> str | None:
     """A snapshot's merge history: (learner, fragment) -> (base version, incarnation, seq, payload)."""
     for key, merged in history.items():
         if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, int) for k in key)):
             return f"holds a merge history keyed by {key!r}, not (learner, fragment)"
         if fragment_sizes is not None and not 0 <= key[1] < len(fragment_sizes):
-            return f"holds a merge history of fragment {key[1]}, but this run has {len(fragment_sizes)} fragments"
+            return f"holds a merge history of fragment {key[1]}, but this run has {_numbered(fragment_sizes)}"
         if not (isinstance(merged, tuple) and len(merged) == 4):
             return f"holds a merge history entry for {key!r} that is not a merged push"
     return None

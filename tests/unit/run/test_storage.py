@@ -74,6 +74,9 @@ def test_a_url_run_dir_keeps_checkpoints_there_and_the_drivers_files_here(tmp_pa
     other_model = load_recipe(TINY, [f"run.dir={url}", "model.width=32", "model.num_heads=2"])
     with pytest.raises(UserError, match="holds a checkpoint of a different run .*model.num_heads, model.width"):
         RunDir.check(other_model, fresh=False)
+    other_fragments = load_recipe(TINY, [f"run.dir={url}", "syncer.fragments=4"])
+    with pytest.raises(UserError, match=r"different run \(changed: syncer.fragments from 16 to 4\)"):
+        RunDir.check(other_fragments, fresh=False)
     # Placement may change on resume, and recomputation: neither shapes any state.
     moved = load_recipe(TINY, [f"run.dir={url}", "learners.placement=pack", "learners.num_cpus=2", "model.remat=block"])
     assert RunDir.check(moved, fresh=False).resume

@@ -102,18 +102,25 @@ def merge_deltas(
     return out
 
 
-def spreads(deltas: Sequence[np.ndarray], weights: np.ndarray, segments: Sequence[tuple[str, int, int]]) -> np.ndarray:
+def spreads(
+    deltas: Sequence[np.ndarray],
+    weights: np.ndarray,
+    segments: Sequence[tuple[str, int, int]],
+    mean: np.ndarray | None = None,
+) -> np.ndarray:
     """How far the learners' deltas cancel in their weighted mean, per segment (name, offset, length):
     the weighted mean of their norms over the norm of their weighted mean, float64, at least 1 (1 where
     every delta points the same way, or only one learner contributed; up to sqrt(M) for M deltas of
     independent noise). RDA's merged segment is as long as the mean times this factor;
-    `syncer.lr_feedback=spread` raises the learners' learning rate by it instead."""
+    `syncer.lr_feedback=spread` raises the learners' learning rate by it instead. ``mean``: their
+    weighted mean where the caller has it already (`merge_deltas(..., "mean")`), else computed here."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     w = w / w.sum()
     out = np.ones(len(segments))
     for i, (_, offset, length) in enumerate(segments):
         parts = [np.asarray(d, dtype=np.float32).reshape(-1)[offset : offset + length] for d in deltas]
-        norm = float(np.linalg.norm(_mean(parts, w)))
+        merged = _mean(parts, w) if mean is None else mean.reshape(-1)[offset : offset + length]
+        norm = float(np.linalg.norm(merged))
         if norm > 0:
             out[i] = max(float(w @ np.array([np.linalg.norm(part) for part in parts])) / norm, 1.0)
     return out

@@ -43,10 +43,11 @@ class SpreadBook:
         self.power = power
         self.values = [np.ones(len(plan.segments(p))) for p in range(plan.num_fragments)]
 
-    def update(self, p: int, deltas: Sequence[np.ndarray], weights: np.ndarray) -> None:
-        """Fold fragment p's round (its contributors' deltas and merge weights) into its factors."""
+    def update(self, p: int, deltas: Sequence[np.ndarray], weights: np.ndarray, mean: np.ndarray | None = None) -> None:
+        """Fold fragment p's round (its contributors' deltas and merge weights; their weighted mean, where
+        merged already) into its factors."""
         if self.on:
-            new = spreads(deltas, weights, self.plan.segments(p))
+            new = spreads(deltas, weights, self.plan.segments(p), mean)
             self.values[p] = self.decay * self.values[p] + (1.0 - self.decay) * new
 
     def factors(self, p: int) -> tuple[float, ...]:

@@ -248,7 +248,8 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
             result.tokens, result.steps, self.cfg.weighting, result.staleness, self.cfg.staleness_discount
         )
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
-        self.spread.update(p, result.deltas, weights)
+        # The feedback needs the mean merge (RDA with it is refused): `merged` is the deltas' mean then.
+        self.spread.update(p, result.deltas, weights, merged if self.cfg.merge == "mean" else None)
         factors = self.spread.factors(p)  # the learners' lr factors that go down with the new value
         self.theta[p] = self.outer[p].step(self.theta[p], merged)
         pairs = tuple(zip(result.learners, result.seqs, strict=True))

@@ -105,3 +105,7 @@ def test_spreads_by_hand() -> None:
     # One learner, or learners that agree, spread nothing: exactly 1.
     np.testing.assert_array_equal(spreads([d0], np.array([1.0]), segments), [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(spreads([d1, d1], np.array([0.3, 0.7]), segments), [1.0, 1.0, 1.0])
+    # The mean merge's own output, passed in, gives the same spreads bit for bit (the syncer's path).
+    w = np.array([1.0, 3.0])
+    merged = merge_deltas([d0, d1], w, "mean", segments)
+    np.testing.assert_array_equal(spreads([d0, d1], w, segments, merged), spreads([d0, d1], w, segments))

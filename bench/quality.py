@@ -71,7 +71,11 @@ class Arm:
 
 DP = Arm("data-parallel", dp=True, note="one model, the global batch every step")
 
-PLOTS = {"sizes": runner.REPO / "bench" / "quality-sizes.png", "tokens": runner.REPO / "bench" / "quality-tokens.png"}
+PLOTS = {
+    "sizes": runner.REPO / "bench" / "quality-sizes.png",
+    "learners": runner.REPO / "bench" / "quality-sizes.png",  # with several sizes: each M's gap by size
+    "tokens": runner.REPO / "bench" / "quality-tokens.png",
+}
 
 SIZES_ARMS = (
     DP,
@@ -274,8 +278,11 @@ def table(data: dict[str, Any]) -> str:
                 cells.append(f"{cosine:+.2f}")
             lines.append("| " + " | ".join(cells) + " |")
             before = losses
+    trained_lrs = {s["name"]: sorted({r["lr"] for r in runs if r["size"] == s["name"]}) for s in meta["sizes"]}
+    by_size = len({tuple(lrs) for lrs in trained_lrs.values()}) > 1  # merged sweeps: say each size's lrs
     sizes = "; ".join(
         f"{s['name']}: {s['params']:,} parameters, {s['tokens']:,} tokens, {s['steps']} steps, H = P = {s['H']}"
+        + (f", inner lr {', '.join(f'{lr:g}' for lr in trained_lrs[s['name']])}" if by_size else "")
         for s in meta["sizes"]
     )
     notes = "; ".join(f"{a['label']}: {a['note']}" for a in meta["arms"] if a["note"])
@@ -321,17 +328,29 @@ def main() -> None:
     )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", help="directory for quality.json (default: a new temp dir)")
-    ap.add_argument("--from-json", help="render the table from a quality.json instead of training")
+    ap.add_argument(
+        "--from-json",
+        action="append",
+        help="render the table from quality.json files instead of training (repeatable: one mode's sweeps "
+        "merged, a later file's run replacing an earlier one's of the same size, arm, lr and seed)",
+    )
     ap.add_argument("--cli", action="store_true", help="also train an arm's best setting with `dlc train` (seed 0)")
     ap.add_argument("--cli-arm", help="the arm --cli trains (default: the mode's last); with --from-json, only that")
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
-    ap.add_argument("--plot", help="sizes, tokens modes: the plot of each arm's gap (default bench/quality-MODE.png)")
+    ap.add_argument(
+        "--plot",
+        help="the plot of each arm's gap, with several sizes (default bench/quality-sizes.png; tokens mode: "
+        "bench/quality-tokens.png)",
+    )
     args = ap.parse_args()
     if args.from_json:
-        data = json.loads(Path(args.from_json).read_text())
+        data = merge([json.loads(Path(f).read_text()) for f in args.from_json])
         if args.cli:  # the twin's runs are there: only the CLI's are trained
-            data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json).resolve().parent)
-            save(data, Path(args.from_json))
+            if len(args.from_json) > 1:
+                print("error: --cli trains beside one quality.json: pass --from-json once", file=sys.stderr)
+                raise SystemExit(2)
+            data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json[0]).resolve().parent)
+            save(data, Path(args.from_json[0]))
     else:
         from dlc.errors import UserError
 
@@ -426,6 +445,32 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.cli:
         data["cli"] = cli_rows(data, args.cli_arm, root)
     return data
+
+
+def merge(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from sweeps of one mode trained a piece at a time (another lr, another size): their
+    sizes, arms and lrs together; a later sweep's run replaces an earlier one's of the same size, arm,
+    lr and seed. Sizes or arms of one name must be the same setting."""
+    meta = {**sweeps[0]["meta"], "sizes": [], "arms": [], "lrs": []}
+    runs: dict[tuple[str, str, float, int], dict[str, Any]] = {}
+    for sweep in sweeps:
+        if sweep["meta"]["mode"] != meta["mode"]:
+            raise SystemExit(f"error: a {sweep['meta']['mode']} sweep cannot join a {meta['mode']} one")
+        for key in ("sizes", "arms"):
+            for item in sweep["meta"][key]:
+                name = "name" if key == "sizes" else "label"
+                same = [x for x in meta[key] if x[name] == item[name]]
+                if same and same[0] != item:
+                    raise SystemExit(f"error: {key[:-1]} {item[name]!r} is not the same setting in every sweep")
+                if not same:
+                    meta[key].append(item)
+        meta["lrs"] = sorted({*meta["lrs"], *sweep["meta"]["lrs"]})
+        for r in sweep["runs"]:
+            runs[(r["size"], r["arm"], r["lr"], r["seed"])] = r
+    if len(sweeps) > 1:
+        meta["command"] = "`, then `".join(s["meta"]["command"] for s in sweeps)
+        meta["commit"] = ", ".join(dict.fromkeys(s["meta"]["commit"] for s in sweeps))
+    return {**sweeps[-1], "meta": meta, "runs": list(runs.values())}
 
 
 def save(data: dict[str, Any], path: Path) -> None:

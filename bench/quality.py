@@ -10,7 +10,8 @@ The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
 - every size trains c tokens per parameter (`--c`, the same c at every size);
 - the global batch is fixed (`--global-batch` sequences, split evenly over the M learners) and H is
   the largest that gives every fragment at least `--rounds` outer rounds (P = H: one fragment
-  leaves every step; the run's steps are a multiple of H);
+  leaves every step; the run's steps are a multiple of H), or `--H` at every size, as the papers
+  hold it (H = 30) while the rounds grow with the size;
 - data-parallel trains the same global batch for the same number of steps;
 - the inner learning rate is warm-up then cosine, swept per arm and per size over `--lr-points`
   points of a sqrt(2) grid around the recipe's, and the best mean over the seeds is kept;
@@ -315,6 +316,12 @@ def main() -> None:
     ap.add_argument("--c", type=float, default=10.0, help="tokens per parameter at every size")
     ap.add_argument("--cs", default="10,20,40", help="tokens mode: the tokens per parameter to train")
     ap.add_argument("--rounds", type=int, default=50, help="outer rounds per fragment, at least")
+    ap.add_argument(
+        "--H",
+        type=int,
+        default=0,
+        help="hold H = P at this at every size (default: each size's largest with --rounds rounds)",
+    )
     ap.add_argument("--global-batch", type=int, default=32, help="sequences per step, all learners together")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--lr-points", type=int, default=3)
@@ -395,7 +402,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
     sizes = parse_sizes(args.sizes)
     for size in sizes:
-        plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len)
+        plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len, H=args.H)
+        if size.steps // size.H < args.rounds:  # refused before anything trains
+            print(
+                f"error: --H {args.H} gives {size.name} {size.steps // size.H} rounds a fragment, fewer than "
+                f"--rounds {args.rounds}: lower --H, or raise --c or lower --global-batch",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
     if args.mode == "tokens":  # each size at each budget, H as at --c: the rounds grow with the tokens
         budgets = []
         for size in sizes:

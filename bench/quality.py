@@ -240,11 +240,13 @@ def plot(data: dict[str, Any], out: Path) -> None:
                 series.setdefault(label, []).append((size["c"], gaps))
             else:
                 series.setdefault(arm["label"], []).append((size["params"], gaps))
+    lrs = sorted({r["lr"] for r in runs})
+    how = "lr tuned per arm" if len(lrs) > 1 else f"inner lr {lrs[0]:.2g}"
     if tokens:
-        title = "Gap to data-parallel by token budget, lr tuned per arm"
+        title = f"Gap to data-parallel by token budget, {how}"
         runner.gap_plot(series, out, title, "tokens per parameter")
     else:
-        title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, lr tuned per arm"
+        title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, {how}"
         runner.gap_plot(series, out, title, "parameters")
 
 
@@ -463,10 +465,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def merge(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
     """One record from sweeps of one mode trained a piece at a time (another lr, another size): their
-    sizes, arms and lrs together; a later sweep's run replaces an earlier one's of the same size, arm,
-    lr and seed. Sizes or arms of one name must be the same setting."""
+    sizes, arms, lrs and `dlc train` rows together; a later sweep's run replaces an earlier one's of the
+    same size, arm, lr and seed. Sizes or arms of one name must be the same setting."""
     meta = {**sweeps[0]["meta"], "sizes": [], "arms": [], "lrs": []}
     runs: dict[tuple[str, str, float, int], dict[str, Any]] = {}
+    cli: dict[tuple[str, str], dict[str, Any]] = {}  # each size's `dlc train` row, from whichever sweep has it
     for sweep in sweeps:
         if sweep["meta"]["mode"] != meta["mode"]:
             raise SystemExit(f"error: a {sweep['meta']['mode']} sweep cannot join a {meta['mode']} one")
@@ -481,10 +484,12 @@ def merge(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
         meta["lrs"] = sorted({*meta["lrs"], *sweep["meta"]["lrs"]})
         for r in sweep["runs"]:
             runs[(r["size"], r["arm"], r["lr"], r["seed"])] = r
+        for row in sweep.get("cli", []):
+            cli[(row["size"], row["arm"])] = row
     if len(sweeps) > 1:
         meta["command"] = "`, then `".join(s["meta"]["command"] for s in sweeps)
         meta["commit"] = ", ".join(dict.fromkeys(s["meta"]["commit"] for s in sweeps))
-    return {**sweeps[-1], "meta": meta, "runs": list(runs.values())}
+    return {**sweeps[-1], "meta": meta, "runs": list(runs.values()), "cli": list(cli.values())}
 
 
 def save(data: dict[str, Any], path: Path) -> None:

@@ -22,12 +22,12 @@ The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
 `sizes` runs data-parallel, decoupled M=4 (the recipe's defaults) and M=1 with the default and
 with a Nesterov momentum of 0.9; `ladder` takes the gap apart from data-parallel to today's
 decoupled rung by rung (each rung adds one thing to the one before); `learners` runs M in
-`--counts`; `tokens` runs data-parallel and decoupled M=4 at each tokens per parameter of `--cs`,
-H held at `--c`'s (so the rounds grow with the budget); `--arm` adds candidates on top of the
-mode's last arm. Each mode records its table in bench/RESULTS.md; `--cli` also trains an arm's best
-setting (the last arm's, or `--cli-arm`'s) at every size through the real `dlc train` for seed 0
-and reports how far the twin and the CLI agree; with `--from-json` it trains only those, beside the
-twin's runs the file holds.
+`--counts` (at several sizes it records the by-size table); `tokens` runs data-parallel and
+decoupled M=4 at each tokens per parameter of `--cs`, H held at `--c`'s (so the rounds grow with
+the budget); `--arm` adds candidates on top of the mode's last arm. Each mode records its table
+in bench/RESULTS.md; `--cli` also trains an arm's best setting (the last arm's, or `--cli-arm`'s)
+at every size through the real `dlc train` for seed 0 and reports how far the twin and the CLI
+agree; with `--from-json` it trains only those, beside the twin's runs the file holds.
 """
 
 from __future__ import annotations
@@ -385,7 +385,9 @@ def main() -> None:
     print(text)
     meta = data["meta"]
     provenance = runner.Provenance.of(meta)
-    heading = f"Quality under the field's protocol: {title[meta['mode']]}"
+    several = mode == "learners" and len(meta["sizes"]) > 1  # M at several sizes: the by-size table
+    by = title["sizes"] if several else title[mode]
+    heading = f"Quality under the field's protocol: {by}"
     runner.record(heading, provenance, text, args.out or runner.RESULTS)
 
 

@@ -246,7 +246,9 @@ def plot(data: dict[str, Any], out: Path) -> None:
         title = f"Gap to data-parallel by token budget, {how}"
         runner.gap_plot(series, out, title, "tokens per parameter")
     else:
-        title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter, {how}"
+        Hs = {size["H"] for size in meta["sizes"]}
+        held = f", H = {Hs.pop()}" if len(Hs) == 1 else ""
+        title = f"Gap to data-parallel, {meta['c']:g} tokens per parameter{held}, {how}"
         runner.gap_plot(series, out, title, "parameters")
 
 

@@ -407,9 +407,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         layered = tuple(replaced_overrides(list(last.overrides), *extra))
         arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
     sizes = parse_sizes(args.sizes)
+    if args.H < 0:
+        print(f"error: --H {args.H}: H is a number of steps, at least 1 (or 0 for each size's own)", file=sys.stderr)
+        raise SystemExit(2)
     for size in sizes:
         plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len, H=args.H)
-        if size.steps // size.H < args.rounds:  # refused before anything trains
+        if args.H and size.steps // size.H < args.rounds:  # refused before anything trains
             print(
                 f"error: --H {args.H} gives {size.name} {size.steps // size.H} rounds a fragment, fewer than "
                 f"--rounds {args.rounds}: lower --H, or raise --c or lower --global-batch",

@@ -367,7 +367,7 @@ def main() -> None:
 
         try:
             data = measure(args)
-        except UserError as exc:  # a bad --sizes or --arm override: refused before anything trains
+        except UserError as exc:  # a bad --sizes, --arm or --H: refused before anything trains
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
     title = {
@@ -395,6 +395,7 @@ def main() -> None:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from dlc.config.load import load_recipe
+    from dlc.errors import UserError
 
     base = load_recipe(runner.REPO / RECIPE)
     arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS, "tokens": SIZES_ARMS[:2]}.get(args.mode) or learner_arms(
@@ -408,17 +409,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
     sizes = parse_sizes(args.sizes)
     if args.H < 0:
-        print(f"error: --H {args.H}: H is a number of steps, at least 1 (or 0 for each size's own)", file=sys.stderr)
-        raise SystemExit(2)
+        raise UserError(f"--H {args.H}: H is a number of steps, at least 1 (or 0 for each size's own)")
     for size in sizes:
         plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len, H=args.H)
-        if args.H and size.steps // size.H < args.rounds:  # refused before anything trains
-            print(
-                f"error: --H {args.H} gives {size.name} {size.steps // size.H} rounds a fragment, fewer than "
-                f"--rounds {args.rounds}: lower --H, or raise --c or lower --global-batch",
-                file=sys.stderr,
+        if args.H and size.steps // size.H < args.rounds:
+            raise UserError(
+                f"--H {args.H} gives {size.name} {size.steps // size.H} rounds a fragment, fewer than "
+                f"--rounds {args.rounds}: lower --H, or raise --c or lower --global-batch"
             )
-            raise SystemExit(2)
     if args.mode == "tokens":  # each size at each budget, H as at --c: the rounds grow with the tokens
         budgets = []
         for size in sizes:

@@ -116,6 +116,7 @@ def train_twin(
             given = dict(zip(event.contributors, event.weights, strict=True))
             for learner in range(count):
                 weights[learner].append(given.get(learner, 0.0))
+    lags = [lag for sync in run.syncs if (lag := sync.adopt_lag_steps()) is not None]
     trained = [learner.step * t for learner, t in zip(run.learners, per_step, strict=True)]
     status = run.syncer.status()
     return {
@@ -126,6 +127,9 @@ def train_twin(
         "contributors": statistics.fmean(contributors) if contributors else 0.0,
         "mean_weight": [statistics.fmean(w) if w else 0.0 for w in weights],
         "token_share": [t / sum(trained) for t in trained],
+        # Steps from a push to adopting the merge that holds it: tau on the twin, whose merges never
+        # arrive late; the engine's measure of the same is its learners' adopt_lag_steps.
+        "adopt_lag": statistics.fmean(lags) if lags else None,
         "discarded": sum(sync.discarded_steps for sync in run.syncs) / sum(lr.step for lr in run.learners),
         "stale": sum(v > 0 for v in staleness) / max(len(staleness), 1),  # merged pushes behind the version
         "bytes_up": status.get("bytes_up", 0),

@@ -48,6 +48,7 @@ def learner_row(i: int, **fields: Any) -> dict[str, Any]:
         "bytes_sent": BYTES_UP // 4,
         "pid": os.getpid(),  # alive: a running run's learners are live processes
         "last_push_age_s": 0.5,
+        "adopt_lag_steps": 2.0 + i // 2,
     }
     return row | fields
 
@@ -221,7 +222,7 @@ def summary(status_name: str = "completed", error: str | None = None, **fields: 
         "eval_loss_initial": 5.426,
         "eval_loss_final": 3.1,
         "eval_bpb_final": 4.472,
-        "learners": [{"id": i, "step": 100, "tokens": 102_400} for i in range(4)],
+        "learners": [{"id": i, "step": 100, "tokens": 102_400, "adopt_lag_steps": 2.0 + i // 2} for i in range(4)],
         "rounds": 400,
         "mean_contributors": 1.5,
         "bytes_up": BYTES_UP,

@@ -50,6 +50,9 @@ class NoSync:
     def push_outstanding(self) -> list[events.Event]:
         return []
 
+    def adopt_lag_steps(self) -> float | None:
+        return None  # nothing is ever merged
+
     def unpushed_steps(self) -> float:
         return 0.0
 

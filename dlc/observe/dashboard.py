@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlc.observe.console import fmt_duration, fmt_float
-from dlc.observe.reader import RunReader
+from dlc.observe.reader import RunReader, mean_adopt_lag
 from dlc.units import format_bytes
 
 REFRESH_S = 0.5
@@ -212,6 +212,7 @@ def _syncer_panel(snap: dict[str, Any]) -> Panel:
     lines = [
         f"rounds closed {s['rounds_closed']:,}   quorum {quorum}   grace window {grace} s",
         f"contributors/round {fmt_float(s.get('mean_contributors'), 2)}   healthy {_ids(s.get('healthy'))}",
+        f"merge lag {fmt_float(mean_adopt_lag(snap.get('learners') or []), 2)} steps, push to adoption",
         f"rejected {sum(rejections.values())}" + (f" ({reasons})" if reasons else ""),
         f"sent up {meter_bytes(s['bytes_up'])} ({meter_bytes(s.get('bytes_up_per_s'), 1)}/s)",
         f"sent down {meter_bytes(s['bytes_down'])} ({meter_bytes(s.get('bytes_down_per_s'), 1)}/s)",

@@ -58,6 +58,13 @@ def dp_equivalent_bytes(params: int | None, learner_steps: int) -> int | None:
     return None if params is None else 4 * params * learner_steps
 
 
+def mean_adopt_lag(learners: list[dict[str, Any]]) -> float | None:
+    """The learners' mean merge lag: inner steps from a push to adopting the merge that holds it
+    (tau when every merge arrives in time); None when no learner has measured one."""
+    lags = [lag for row in learners if (lag := _num(row.get("adopt_lag_steps"))) is not None]
+    return sum(lags) / len(lags) if lags else None
+
+
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -301,6 +308,7 @@ class RunReader:
                     "tokens_per_s": rate,
                     "loss": _num(r.get("loss")),
                     "last_push_age_s": _num(r.get("last_push_age_s")),
+                    "adopt_lag_steps": _num(r.get("adopt_lag_steps")),
                     "staleness": r.get("staleness", self.staleness.get(i)),
                     "restarts": _int(r.get("restarts", self.restarts.get(i, 0))),
                     "rejected": _int(r.get("rejected", self.rejected.get(i, 0))),

@@ -11,7 +11,7 @@ from typing import Any
 
 from dlc.observe.console import fmt_duration
 from dlc.observe.plots import plot_bytes, plot_eval, plot_goodput, plot_timeline, plot_train
-from dlc.observe.reader import device_summary, dp_equivalent_bytes
+from dlc.observe.reader import device_summary, dp_equivalent_bytes, mean_adopt_lag
 from dlc.observe.runs import RunData, labels_for, load_run
 from dlc.units import MIB
 
@@ -56,6 +56,7 @@ def table_rows(run: RunData) -> list[tuple[str, str]]:
         ("hot spares idle (s)", _fmt(s.get("spare_s"), 1)),
         ("rounds closed", _fmt(s.get("rounds", sync.get("rounds_closed")))),
         ("contributors/round", _fmt(s.get("mean_contributors", sync.get("mean_contributors")), 2)),
+        ("merge lag (steps, push to adoption)", _fmt(mean_adopt_lag(s.get("learners") or []), 2)),
         ("pushes accepted", _fmt(s.get("pushes_accepted", sync.get("pushes_accepted")))),
         ("pushes rejected", _fmt(sum(rejected.values()))),
         ("bytes up (MiB)", _fmt(None if up is None else up / MIB, 2)),

@@ -27,6 +27,7 @@ LEARNER_SUMMARY_KEYS = (
     "data_position",
     "pushes",
     "adopted",
+    "adopt_lag_steps",
     "bytes_sent",
     "steady_tokens_per_s",
     "device",

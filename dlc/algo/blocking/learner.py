@@ -177,6 +177,9 @@ class BlockingLearnerSync:
         assert self.anchor is not None
         return self.anchor - self.flat(self.learner.params)
 
+    def adopt_lag_steps(self) -> float | None:
+        return 0.0 if self.adopted else None  # it waits for the merge of what it sent, at that step
+
     def unpushed_steps(self) -> float:
         return float(self.steps_since)
 

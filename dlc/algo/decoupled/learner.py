@@ -130,6 +130,10 @@ class DecoupledLearnerSync:
         self.requests = 0
         self.pushes = 0
         self.adopted = 0
+        # Inner steps from each push to the adoption of the first version that merged it, summed over
+        # the adoptions of such a version, and their count: the merge lag, at least tau.
+        self.lag_steps = 0
+        self.lagged = 0
         # Inner steps of progress adoptions threw away, in whole-model steps: a fragment's unsent
         # progress counts by the fragment's share of the model, and by the share of it the adopt
         # mode drops (replace all, mix 1 - mix_alpha, rebase none).
@@ -279,6 +283,10 @@ class DecoupledLearnerSync:
         sent = self.sent.pop(p, [])
         self.counts_from.pop(p, None)
         merged = self._merged_mine(p, version)
+        for record in sent:
+            if merged is not None and record.seq == merged:
+                self.lag_steps += self.learner.step - record.step
+                self.lagged += 1
         params = self.learner.params
         replaces = self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and not sent)
         dropped = 1.0 if replaces else 1.0 - self.mix_alpha if self.adopt_mode == "mix" else 0.0
@@ -352,6 +360,13 @@ class DecoupledLearnerSync:
             bytes=self.ops.nbytes(p),
             step=self.learner.step,
         )
+
+    def adopt_lag_steps(self) -> float | None:
+        """Mean inner steps from a push to the adoption of the merge that holds it (None before one).
+
+        tau when every merge arrives in time; each step more is a step the learner trained on a
+        model that had already moved on, which costs the most when H is short."""
+        return self.lag_steps / self.lagged if self.lagged else None
 
     def unpushed_steps(self) -> float:
         """Steps of progress not yet sent, averaged over fragments (what a crash now would lose)."""

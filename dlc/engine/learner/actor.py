@@ -325,6 +325,7 @@ class LearnerWorker(Preemptible):
             "pushes": self.sync.pushes,
             "adopted": self.sync.adopted,
             "discarded_steps": round(self.sync.discarded_steps, 3),
+            "adopt_lag_steps": None if (lag := self.sync.adopt_lag_steps()) is None else round(lag, 3),
             "bytes_sent": self.transport.bytes_sent,
             "waiting_s": round(self.sync.waiting_s + self.blocked_s["peer_copy"], 3),
             "checkpoint_s": round(self.blocked_s["checkpoint"], 3),

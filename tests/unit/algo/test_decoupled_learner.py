@@ -215,6 +215,43 @@ def test_a_request_is_answered_at_the_next_step_and_the_merge_waits_tau_steps():
     assert sync.steps_since[3] == 0  # replaced: the steps since the push were thrown away with it
 
 
+def test_the_merge_lag_is_tau_when_merges_are_on_time_and_counts_each_step_one_is_late():
+    run = make_run(twin_recipe(learners=1, overlap_steps=2, sync_interval_steps=4, codec="none", down_codec="none"))
+    sync = run.syncs[0]
+    learner = sync.learner
+
+    def step() -> None:
+        learner.train_step()
+        sync.after_step()
+
+    assert sync.adopt_lag_steps() is None  # nothing adopted yet
+    G = np.zeros(sync.plan.size(3), np.float32)
+    sync.receive(FragmentRequest(3, 0, 0.0))
+    step()  # step 1 pushes seq 0
+    sync.receive(MergedFragment(3, 1, get_codec("none").encode(G), 0.0, merged=((0, 0),)))
+    step()
+    step()  # step 3 = 1 + tau: adopted on time
+    assert sync.versions[3] == 1 and sync.adopt_lag_steps() == 2
+    sync.receive(FragmentRequest(3, 1, 0.0))
+    step()  # step 4 pushes seq 1; its merge arrives only after step 8
+    for _ in range(4):
+        step()
+    sync.receive(MergedFragment(3, 2, get_codec("none").encode(G), 0.0, merged=((0, 1),)))
+    step()  # step 9: adopted five steps after the push
+    assert sync.versions[3] == 2 and sync.adopt_lag_steps() == (2 + 5) / 2
+    # A version that merged none of its pushes is no measure of the lag.
+    sync.receive(MergedFragment(3, 3, get_codec("none").encode(G), 0.0))
+    step()
+    assert sync.versions[3] == 3 and sync.adopt_lag_steps() == 3.5
+
+
+def test_on_the_twin_every_merge_is_adopted_tau_steps_after_its_push():
+    run = make_run(twin_recipe(learners=2, overlap_steps=2, fragments=4, sync_interval_steps=4))
+    for _ in range(24):
+        run.step_all()
+    assert [sync.adopt_lag_steps() for sync in run.syncs] == [2, 2]
+
+
 def test_a_push_sent_at_once_carries_the_step_as_a_heartbeat_and_a_re_send_does_not():
     run = make_run(twin_recipe(learners=1))
     sync, learner = run.syncs[0], run.syncs[0].learner

@@ -44,6 +44,7 @@ def test_healthy_run_frame(tmp_path):
     assert row(text, 2) == ["2", "training", "100", "102,400", "1,024", "3.200", "0.5s", "1", "0", "2"]
     assert "rounds closed 400   quorum 1   grace window 0.25 s" in text
     assert "contributors/round 1.50   healthy 0,1,2,3" in text
+    assert "merge lag 2.50 steps, push to adoption" in text  # the learners' 2, 2, 3 and 3
     assert "rejected 2 (norm_outlier 2)" in text
     # One snapshot: rates are the run's averages, 3,512,320 B / 100 s = 34.3 KiB/s, 10 MiB / 100 s.
     assert "sent up 3.35 MiB (34.3 KiB/s)" in text and "sent down 10.00 MiB (102.4 KiB/s)" in text

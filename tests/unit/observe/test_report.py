@@ -58,6 +58,7 @@ def test_report_of_two_runs(tmp_path):
         "eval loss final": ["3.100", "3.100"],
         "goodput (%)": ["-", "87.5"],
         "rounds closed": ["400", "400"],
+        "merge lag (steps, push to adoption)": ["2.50", "2.50"],  # the learners' 2, 2, 3 and 3
         "pushes rejected": ["2", "2"],
         "bytes up (MiB)": ["3.35", "3.35"],  # 3,512,320 B
         "bytes down (MiB)": ["10.00", "10.00"],

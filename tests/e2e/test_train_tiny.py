@@ -47,6 +47,8 @@ def test_four_learners_merge_and_learn(calm_run):
     recipe = load_recipe(TINY)
     plan = FragmentPlan.build(shapes_of(flatten_params(build_model(recipe.model, 0)[1])), recipe.syncer.fragments)
     codec = get_codec("int4", recipe.syncer.codec_block_values)
+    # Every learner measured its merge lag: never under tau, as a merge waits tau steps after its push.
+    assert all(learner["adopt_lag_steps"] >= recipe.syncer.overlap_steps for learner in summary["learners"])
     accepted = [e for e in events if e["kind"] == "push_accepted"]
     assert accepted and all(e["bytes"] == codec.encoded_nbytes(plan.size(e["fragment"])) for e in accepted)
     # Every push a learner sent is in the log, and every one accepted was merged in exactly one round.

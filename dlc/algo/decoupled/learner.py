@@ -283,10 +283,9 @@ class DecoupledLearnerSync:
         sent = self.sent.pop(p, [])
         self.counts_from.pop(p, None)
         merged = self._merged_mine(p, version)
-        for record in sent:
-            if merged is not None and record.seq == merged:
-                self.lag_steps += self.learner.step - record.step
-                self.lagged += 1
+        if (record := next((r for r in sent if r.seq == merged), None)) is not None:
+            self.lag_steps += self.learner.step - record.step
+            self.lagged += 1
         params = self.learner.params
         replaces = self.adopt_mode == "replace" or (self.adopt_mode == "rebase" and not sent)
         dropped = 1.0 if replaces else 1.0 - self.mix_alpha if self.adopt_mode == "mix" else 0.0

@@ -15,7 +15,9 @@ version order, as they arrive (`received.ReceivedFragments`).
 The step loop never waits for the device or the network (`dlc.core.fragment_ops`): a push is one
 jitted extraction dispatched after the step, whose result a sender thread copies to the host and
 sends; a merged fragment is decoded, padded and (on a GPU) put on the device by the thread that
-receives it, and swapped in at a step boundary by one jitted, donating write. With
+receives it, and swapped in at a step boundary by one jitted, donating write. The one wait: a
+boundary where a merge falls due and has not arrived waits for the step in flight before it
+dispatches the next (`_last_call`), so a round gets its tau steps of time. With
 `background=False` (the in-process twin, tests) the same work happens inline, in order.
 """
 
@@ -223,8 +225,26 @@ class DecoupledLearnerSync:
     idle: Callable[[], object] | None = None
 
     def step(self, stop: threading.Event) -> list[events.Event]:
+        happened = self._last_call() if self.background else []
         self.learner.train_step()
-        return self.after_step()
+        return happened + self.after_step()
+
+    def _last_call(self) -> list[events.Event]:
+        """Before the next step is dispatched: when a merge due at this boundary has not arrived,
+        wait for the step in flight and look again.
+
+        The host dispatches a step before the device has finished the one before it, so the boundary
+        where a merge falls due comes about a step before the write it decides: the round would get
+        tau - 1 steps of time, not the tau the grace window plans for. Waiting for the step in flight
+        (the write cannot come before it anyway) moves the decision to the last moment that still
+        puts the merge in the same place in the step sequence. Only a boundary where a merge falls
+        due and is missing pays for it: the device waits for one dispatch.
+        """
+        step = self.learner.step
+        if self.tau == 0 or not any(r.step + self.tau == step for sent in self.sent.values() for r in sent):
+            return []
+        self.learner.flush()
+        return self._take_inbox()
 
     def receive(self, msg: MergedFragment | FragmentRequest) -> None:
         """Called from another thread when the syncer asks for a fragment or delivers a merged one.
@@ -253,6 +273,10 @@ class DecoupledLearnerSync:
             self.steps_since[p] += 1
             self.unsent_steps[p] += 1
             self.tokens_since[p] += self.learner.tokens_per_step
+        return self._take_inbox()
+
+    def _take_inbox(self) -> list[events.Event]:
+        """Push the fragments asked for, adopt the merges that are due; returns the pushes' events."""
         requested: list[int] = []
         while not self.inbox.empty():
             msg = self.inbox.get()

@@ -1,6 +1,7 @@
 """The learner's protocol, driven by the in-process twin of the engine (no Ray, fake clock)."""
 
 import dataclasses
+import threading
 
 import jax
 import numpy as np
@@ -438,6 +439,61 @@ def test_the_loop_steps_on_while_a_push_is_held_and_an_adoption_arrives():
     assert [m.fragment for m in link.received] == [p, p + 1]
     assert [m.seq for m in link.received] == [0, 1]
     assert [m.steps for m in link.received] == [1, 2]  # counted when dispatched, not when sent
+
+
+class Recorder:
+    """A push method that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.received: list = []
+
+    def remote(self, message):
+        self.received.append(message)
+
+
+def test_a_merge_that_arrives_after_its_boundary_but_before_the_next_dispatch_is_adopted_in_its_slot():
+    from dlc.net.transport import Transport
+
+    run = make_run(twin_recipe(learners=1, overlap_steps=2, codec="none", down_codec="none"))
+    learner = run.learners[0]
+    link = Recorder()
+    sync = type(run.syncs[0])(run.recipe, learner, run.syncs[0].plan, Transport(), link, _traffic(run.recipe))
+    sync.compile()
+    sync.start_background()
+    never = threading.Event()
+    p = 2
+    sync.receive(FragmentRequest(p, 0, 0.0))
+    sync.step(never)  # step 1 pushes seq 0
+    sync.step(never)
+    sync.step(never)  # boundary 3 = 1 + tau: the merge is due and missing; step 3 is in flight
+    assert learner.step == 3 and sync.versions[p] == 0
+    sync.flush_sends()
+    G = np.full(sync.plan.size(p), 0.5, np.float32)
+    sync.receive(MergedFragment(p, 1, get_codec("none").encode(G), 0.0, merged=((0, 0),)))
+    sync.step(never)  # waits for step 3, adopts, then dispatches step 4 on the merged value
+    assert sync.versions[p] == 1 and sync.adopt_lag_steps() == 2  # the slot a timely merge has
+    learner.flush()
+    np.testing.assert_allclose(sync.gather(p), 0.5, atol=0.05)  # one step trained on it
+    assert [r.step for r in learner.take_records()] == [1, 2, 3, 4]  # every step recorded once
+    # A boundary where nothing falls due neither waits nor adopts: a merge of a fragment this
+    # learner did not push waits for the next boundary, as before.
+    sync.receive(MergedFragment(p + 1, 1, get_codec("none").encode(np.zeros(sync.plan.size(p + 1), np.float32)), 0.0))
+    assert sync._last_call() == [] and sync.versions[p + 1] == 0
+
+
+def test_with_no_overlap_a_boundary_never_waits_for_the_step_in_flight():
+    from dlc.net.transport import Transport
+
+    run = make_run(twin_recipe(learners=1, overlap_steps=0))
+    learner = run.learners[0]
+    sync = type(run.syncs[0])(run.recipe, learner, run.syncs[0].plan, Transport(), Recorder(), _traffic(run.recipe))
+    sync.compile()
+    sync.start_background()
+    sync.receive(FragmentRequest(1, 0, 0.0))
+    sync.step(threading.Event())  # pushes at step 1; its merge is due at once and cannot be here
+    assert sync.sent[1] and learner._pending is not None
+    assert sync._last_call() == [] and learner._pending is not None  # step 1 still in flight
+    sync.flush_sends()
 
 
 def _traffic(recipe):

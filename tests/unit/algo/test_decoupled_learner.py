@@ -413,15 +413,21 @@ def _steps_in_thread(sync, steps: int, timeout_s: float = 120) -> None:
         raise AssertionError("the step loop waited on the link")
 
 
-def test_the_loop_steps_on_while_a_push_is_held_and_an_adoption_arrives():
+def _background_sync(run: InProcessRun, push):
+    """Learner 0 of `run` with its own protocol state, pushing to `push`, sending and receiving on
+    threads as the engine's learners do (`start_background`)."""
     from dlc.net.transport import Transport
 
-    run = make_run(twin_recipe(learners=1))
-    learner = run.learners[0]
-    link = HeldLink()
-    sync = type(run.syncs[0])(run.recipe, learner, run.syncs[0].plan, Transport(), link, _traffic(run.recipe))
+    sync = type(run.syncs[0])(run.recipe, run.learners[0], run.syncs[0].plan, Transport(), push, _traffic(run.recipe))
     sync.compile()
     sync.start_background()
+    return sync
+
+
+def test_the_loop_steps_on_while_a_push_is_held_and_an_adoption_arrives():
+    run = make_run(twin_recipe(learners=1))
+    link = HeldLink()
+    sync = _background_sync(run, link)
     p = 2
     sync.receive(FragmentRequest(p, 0, 0.0))
     _steps_in_thread(sync, 1)
@@ -441,25 +447,10 @@ def test_the_loop_steps_on_while_a_push_is_held_and_an_adoption_arrives():
     assert [m.steps for m in link.received] == [1, 2]  # counted when dispatched, not when sent
 
 
-class Recorder:
-    """A push method that keeps what it is sent."""
-
-    def __init__(self) -> None:
-        self.received: list = []
-
-    def remote(self, message):
-        self.received.append(message)
-
-
 def test_a_merge_that_arrives_after_its_boundary_but_before_the_next_dispatch_is_adopted_in_its_slot():
-    from dlc.net.transport import Transport
-
     run = make_run(twin_recipe(learners=1, overlap_steps=2, codec="none", down_codec="none"))
     learner = run.learners[0]
-    link = Recorder()
-    sync = type(run.syncs[0])(run.recipe, learner, run.syncs[0].plan, Transport(), link, _traffic(run.recipe))
-    sync.compile()
-    sync.start_background()
+    sync = _background_sync(run, Direct(lambda push: None))
     never = threading.Event()
     p = 2
     sync.receive(FragmentRequest(p, 0, 0.0))
@@ -482,13 +473,9 @@ def test_a_merge_that_arrives_after_its_boundary_but_before_the_next_dispatch_is
 
 
 def test_with_no_overlap_a_boundary_never_waits_for_the_step_in_flight():
-    from dlc.net.transport import Transport
-
     run = make_run(twin_recipe(learners=1, overlap_steps=0))
     learner = run.learners[0]
-    sync = type(run.syncs[0])(run.recipe, learner, run.syncs[0].plan, Transport(), Recorder(), _traffic(run.recipe))
-    sync.compile()
-    sync.start_background()
+    sync = _background_sync(run, Direct(lambda push: None))
     sync.receive(FragmentRequest(1, 0, 0.0))
     sync.step(threading.Event())  # pushes at step 1; its merge is due at once and cannot be here
     assert sync.sent[1] and learner._pending is not None

@@ -33,6 +33,7 @@ from dlc.run.rundir import RunDir
 if TYPE_CHECKING:
     from dlc.engine.syncer.reports import SyncerReports
 
+PEER_HEARD_S = 2.0  # a peer whose last answer is older is not copied from (yet): it may be frozen
 MAX_RESTART_ATTEMPTS = 3  # new processes for one death, each lost before it was ready, before the run fails
 
 
@@ -151,6 +152,9 @@ class Recoveries:
             rec = slot.recovery
             if rec is None:
                 continue
+            if rec.phase == "awaiting peer":
+                self._copy_state(i, slot, rec)
+                continue
             ready, _ = ray.wait([rec.ref], timeout=0)
             if not ready:
                 continue
@@ -184,8 +188,18 @@ class Recoveries:
                 slot.awaiting_first_push = rec.died_at
 
     def _copy_state(self, i: int, slot: LearnerSlot, rec: Recovery) -> None:
-        """The new process copies a healthy peer's state, or the global model when none is healthy."""
+        """The new process copies a healthy peer's state, or the global model when none is healthy.
+
+        A peer that trains but has not answered a poll for a moment (cores busy with the new processes
+        starting) is waited for, tick by tick: it answers, or its silence reaches the heartbeat timeout
+        and it is stalled. The global model, with fresh AdamW state, is for when no peer trains."""
         peer = self._healthy_peer(exclude=i)
+        unheard = self._unheard_peer(exclude=i) if peer is None else None
+        slot.override = "rejoining"
+        if unheard is not None:
+            rec.phase, rec.ref = "awaiting peer", None
+            slot.view["phase"] = f"waiting for learner {unheard} to answer"
+            return
         slot.view["phase"] = "copying state" + (f" from {peer}" if peer is not None else " from the syncer")
         rec.peer = peer
         if peer is not None:
@@ -194,7 +208,6 @@ class Recoveries:
         else:
             rec.ref = rec.actor.import_global.remote(self.syncer.global_fragments.remote(), rec.data_position, rec.step)
         rec.phase = "rejoining"
-        slot.override = "rejoining"
 
     def _recovery_failed(self, i: int, slot: LearnerSlot, rec: Recovery, exc: Exception) -> None:
         """A step of a recovery failed: the syncer, the peer or the new process died under it."""
@@ -250,13 +263,19 @@ class Recoveries:
         return True
 
     def _healthy_peer(self, exclude: int) -> int | None:
+        """The training peer furthest ahead that answered a poll in the last PEER_HEARD_S: a copy from
+        one frozen since would wait on it."""
         now = self.clock()
         candidates = [
             (slot.view.get("step", 0), i)
             for i, slot in self.slots.items()
-            if i != exclude and self.state_of(i) in HEALTHY_STATES and now - slot.last_seen < 2.0
+            if i != exclude and self.state_of(i) in HEALTHY_STATES and now - slot.last_seen < PEER_HEARD_S
         ]
         return max(candidates)[1] if candidates else None
+
+    def _unheard_peer(self, exclude: int) -> int | None:
+        """A peer that still counts as training but has not answered a poll lately (not yet stalled)."""
+        return next((i for i in self.slots if i != exclude and self.state_of(i) in HEALTHY_STATES), None)
 
     def restart_syncer(self, make_syncer: Callable[[], Any], reports: SyncerReports) -> tuple[Any, str]:
         """The syncer died: start a new one (`make_syncer`) from the checkpoint and journal, and hand it to

@@ -12,8 +12,8 @@ from typing import Any
 
 @dataclass
 class Recovery:
-    """A learner being brought back: restarting -> rejoining (copying state) -> registering (with
-    the syncer) -> awaiting its first push."""
+    """A learner being brought back: restarting -> (awaiting peer: one that trains has not answered
+    lately) -> rejoining (copying state) -> registering (with the syncer) -> awaiting its first push."""
 
     phase: str
     actor: Any

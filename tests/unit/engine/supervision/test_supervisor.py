@@ -227,6 +227,40 @@ def test_with_no_healthy_peer_a_new_process_rejoins_from_the_global_model(rundir
     assert (rejoined["peer"], rejoined["step"], rejoined["data_position"], rejoined["copy_s"]) == (None, 40, 37, None)
 
 
+def test_a_peer_that_trains_but_was_not_heard_from_lately_is_waited_for_not_skipped(rundir, monkeypatch):
+    """Cores busy with new processes starting delay a training peer's answers: the copy waits for it
+    rather than taking the global model (fresh AdamW state), until it answers or is found stalled."""
+    now = [100.0]
+    learner = Actor("new")
+    sup, _, _ = recovering(rundir, monkeypatch, Actor("syncer"), learner)
+    sup.clock = lambda: now[0]
+    sup.slots[0].last_seen = 97.0  # last answered 3 s ago: under the 5 s heartbeat timeout, not stalled
+    sup._advance_recoveries()  # process up: its only peer trains but has not answered lately
+    sup._advance_recoveries()
+    assert sup.slots[1].recovery.phase == "awaiting peer" and sup.state_of(1) == "rejoining"
+    assert sup.slots[1].view["phase"] == "waiting for learner 0 to answer"
+    assert not learner.called("import_state") and not learner.called("import_global")
+    sup.slots[0].last_seen = 100.0  # it answered
+    sup._advance_recoveries()
+    assert learner.called("import_state") and not learner.called("import_global")
+    sup._advance_recoveries()
+    (rejoined,) = [e for e in written(rundir) if e["kind"] == "learner_rejoined"]
+    assert rejoined["peer"] == 0
+
+
+def test_a_peer_waited_for_that_is_found_stalled_gives_way_to_the_global_model(rundir, monkeypatch):
+    now = [100.0]
+    learner = Actor("new")
+    sup, _, _ = recovering(rundir, monkeypatch, Actor("syncer"), learner)
+    sup.clock = lambda: now[0]
+    sup.slots[0].last_seen = 97.0
+    sup._advance_recoveries()
+    assert sup.slots[1].recovery.phase == "awaiting peer"
+    sup.slots[0].override = "stalled"  # its silence reached the heartbeat timeout
+    sup._advance_recoveries()
+    assert learner.called("import_global") and not learner.called("import_state")
+
+
 def test_a_process_that_fails_its_recovery_is_killed_before_another_starts(rundir, monkeypatch):
     failing = Actor("first", import_state=Ref(error=ray_exceptions.RayActorError()))
     second = Actor("second")

@@ -106,3 +106,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.is_relative_to(E2E) and item.get_closest_marker("untimed") is None:
             item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest 9.2 derives a test's id from its collection address, which pytest-xdist 3.8's loadgroup cannot
+    rename: it would group nothing, and the timed end-to-end tests would share the cores, each failing in
+    turn on its timing. Stop before any runs, saying so."""
+    xdist_used = config.pluginmanager.has_plugin("xdist") and config.getvalue("dist") == "loadgroup"
+    if hasattr(config, "workerinput") or not xdist_used:
+        return
+    from importlib.metadata import version
+
+    xdist = tuple(int(part) for part in version("pytest-xdist").split(".")[:2])
+    if pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8):
+        pytest.exit(
+            f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} does not group the timed "
+            "end-to-end tests onto one worker: install the versions pyproject.toml's test extra allows "
+            "(pip install -e '.[test]')",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )

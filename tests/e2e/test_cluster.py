@@ -212,9 +212,9 @@ def test_two_nodes_train_lose_learners_and_resume(two_nodes: Cluster, tmp_path: 
         "  - {at_s: 2, fault: kill_node, learner: 0}\n"  # the head node's learners: 0 and 2
     )
     # Learner 3 is never faulted, and each new process copies its state: it must still train when they come
-    # up. The faults come once `dlc chaos` has started (learners at step 26 to 60); a new process was up 12 s
-    # later on 2 idle cores, and can take twice that beside the suite's other worker. The steps left after
-    # step 60 take 45 s at 0.25 s a step.
+    # up. The faults come once `dlc chaos` has started (learners at step 26 to 46); a new process was up
+    # 12-14 s later on 2 idle cores, 17-28 s with one core kept busy. With 120 steps learner 3 finished
+    # first and the others took the global model (CI); the 194 steps left here take 48 s at 0.25 s a step.
     train = _train(cluster, *RUN, PINNED, "run.max_steps=240", f"run.dir={run_dir}")
     chaos = None
     try:

@@ -117,10 +117,10 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from importlib.metadata import version
 
-    xdist = tuple(int(part) for part in version("pytest-xdist").split(".")[:2])
-    if pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8):
+    xdist = version("pytest-xdist")
+    if pytest.version_tuple[:2] >= (9, 2) and tuple(int(part) for part in xdist.split(".")[:2]) <= (3, 8):
         pytest.exit(
-            f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} does not group the timed "
+            f"pytest {pytest.__version__} with pytest-xdist {xdist} does not group the timed "
             "end-to-end tests onto one worker: install the versions pyproject.toml's test extra allows "
             "(pip install -e '.[test]')",
             returncode=pytest.ExitCode.USAGE_ERROR,

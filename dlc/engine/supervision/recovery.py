@@ -193,8 +193,7 @@ class Recoveries:
         A peer that trains but has not answered a poll for a moment (cores busy with the new processes
         starting) is waited for, tick by tick: it answers, or its silence reaches the heartbeat timeout
         and it is stalled. The global model, with fresh AdamW state, is for when no peer trains."""
-        peer = self._healthy_peer(exclude=i)
-        unheard = self._unheard_peer(exclude=i) if peer is None else None
+        peer, unheard = self._peers(exclude=i)
         slot.override = "rejoining"
         if unheard is not None:
             rec.phase, rec.ref = "awaiting peer", None
@@ -262,20 +261,17 @@ class Recoveries:
             return False
         return True
 
-    def _healthy_peer(self, exclude: int) -> int | None:
-        """The training peer furthest ahead that answered a poll in the last PEER_HEARD_S: a copy from
-        one frozen since would wait on it."""
+    def _peers(self, exclude: int) -> tuple[int | None, int | None]:
+        """(the training peer furthest ahead that answered a poll in the last PEER_HEARD_S, a copy from one
+        frozen since would wait on it; else one that still counts as training, not yet stalled, but has not
+        answered lately), each None when there is none."""
         now = self.clock()
-        candidates = [
-            (slot.view.get("step", 0), i)
-            for i, slot in self.slots.items()
-            if i != exclude and self.state_of(i) in HEALTHY_STATES and now - slot.last_seen < PEER_HEARD_S
-        ]
-        return max(candidates)[1] if candidates else None
-
-    def _unheard_peer(self, exclude: int) -> int | None:
-        """A peer that still counts as training but has not answered a poll lately (not yet stalled)."""
-        return next((i for i in self.slots if i != exclude and self.state_of(i) in HEALTHY_STATES), None)
+        training = [i for i in self.slots if i != exclude and self.state_of(i) in HEALTHY_STATES]
+        slots = self.slots
+        heard = [(slots[i].view.get("step", 0), i) for i in training if now - slots[i].last_seen < PEER_HEARD_S]
+        if heard:
+            return max(heard)[1], None
+        return None, (training[0] if training else None)
 
     def restart_syncer(self, make_syncer: Callable[[], Any], reports: SyncerReports) -> tuple[Any, str]:
         """The syncer died: start a new one (`make_syncer`) from the checkpoint and journal, and hand it to

@@ -5,7 +5,13 @@
 Learners step at the recipe's pace on a fake clock; `--apart` says how many steps behind the
 first each learner starts (the real engine's learners start seconds apart and drift). Every
 setting runs in phase and apart; each prints the mean contributors per round, the rounds closed
-and the global eval loss once every learner has trained `--steps` steps.
+and the global eval loss once every learner has trained `--steps` steps. As the engine's learners
+do, each learner stops at `--steps`, pushes what it holds and leaves: learners that start apart
+end apart, and every one trains the same tokens.
+
+    python bench/phase.py --steps 1075 --apart 0,20,40,60 --quorums 1 --seeds 0,1,2 model.width=64 \
+        learners.batch_size=8 syncer.sync_interval_steps=5 syncer.fragments=5 inner.warmup_steps=89 \
+        learners.join_streams=0
 """
 
 from __future__ import annotations
@@ -24,18 +30,33 @@ from dlc.data.plan import DataPlan  # noqa: E402
 STEP_S = 0.1  # the twin's step time: only ratios to it matter (grace window, heartbeats)
 
 
+class StepsEach(InProcessRun):
+    """The twin whose learners each stop after `run.max_steps` steps, push what they hold and leave."""
+
+    def _step(self, index: int) -> None:
+        learner = self.learners[index]
+        if learner.step < self.recipe.run.max_steps:
+            super()._step(index)
+            if learner.step == self.recipe.run.max_steps:
+                learner.flush()
+                self.syncs[index].push_outstanding()
+                self.syncer.leave(index)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--recipe", default="recipes/tiny.yaml")
     ap.add_argument("--steps", type=int, default=300, help="inner steps per learner")
     ap.add_argument("--apart", default="0,7,14,22", help="steps each learner starts behind the first")
     ap.add_argument("--quorums", default="1,4", help="syncer.quorum values to run")
+    ap.add_argument("--seeds", default="0", help="run.seed values to run, each in phase and apart")
     ap.add_argument("overrides", nargs="*", help="recipe key=value overrides")
     args = ap.parse_args()
     behind = [int(s) for s in args.apart.split(",")]
     print(f"recipe {args.recipe} {' '.join(args.overrides)}; {len(behind)} learners, {args.steps} steps each")
-    print(f"{'setting':24s} {'contributors/round':>18s} {'rounds':>7s} {'global eval':>12s} {'time':>6s}")
-    for quorum in (int(q) for q in args.quorums.split(",")):
+    print(f"{'setting':34s} {'contributors/round':>18s} {'rounds':>7s} {'global eval':>12s} {'time':>6s}")
+    settings = [(int(q), int(seed)) for q in args.quorums.split(",") for seed in args.seeds.split(",")]
+    for quorum, seed in settings:
         for label, offsets in (("in phase", [0] * len(behind)), ("apart " + args.apart, behind)):
             recipe = load_recipe(
                 args.recipe,
@@ -43,6 +64,7 @@ def main() -> None:
                     f"learners.count={len(behind)}",
                     f"run.max_steps={args.steps}",
                     f"syncer.quorum={quorum}",
+                    f"run.seed={seed}",
                     *args.overrides,
                 ],
             )
@@ -50,13 +72,13 @@ def main() -> None:
                 split_corpus(load_corpus(recipe.data), recipe.data, len(behind), recipe.run.seed, 4096)
             )
             t0 = time.time()
-            run = InProcessRun(recipe, split, step_time_s=STEP_S, starts_s=[b * STEP_S for b in offsets])
+            run = StepsEach(recipe, split, step_time_s=STEP_S, starts_s=[b * STEP_S for b in offsets])
             run.run_until((args.steps + max(offsets)) * STEP_S + 1e-6)  # the last learner's last step
             run.finish()
             status = run.syncer.status()
             print(
-                f"{f'K={quorum}, {label}':24s} {status['mean_contributors']:18.2f} {status['rounds_closed']:7d} "
-                f"{run.global_eval():12.4f} {time.time() - t0:5.0f}s",
+                f"{f'K={quorum}, seed {seed}, {label}':34s} {status['mean_contributors']:18.2f} "
+                f"{status['rounds_closed']:7d} {run.global_eval():12.4f} {time.time() - t0:5.0f}s",
                 flush=True,
             )
 

@@ -38,8 +38,7 @@ class StepsEach(InProcessRun):
         if learner.step < self.recipe.run.max_steps:
             super()._step(index)
             if learner.step == self.recipe.run.max_steps:
-                learner.flush()
-                self.syncs[index].push_outstanding()
+                self.finish_learner(index)
                 self.syncer.leave(index)
 
 

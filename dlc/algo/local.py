@@ -133,10 +133,14 @@ class InProcessRun:
         self.syncer.tick()
         return steps
 
+    def finish_learner(self, index: int) -> None:
+        """Learner `index` ends: its last steps computed, every fragment with progress pushed."""
+        self.learners[index].flush()
+        self.syncs[index].push_outstanding()
+
     def finish(self) -> None:
-        for learner, sync in zip(self.learners, self.syncs, strict=True):
-            learner.flush()
-            sync.push_outstanding()
+        for index in range(len(self.learners)):
+            self.finish_learner(index)
         self.syncer.flush()
 
     def global_eval(self) -> float:

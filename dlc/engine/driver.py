@@ -27,6 +27,7 @@ from dlc.run.files import GONE_STATES, STATUS_FILE, SUMMARY_FILE, read_json
 from dlc.run.rundir import RunDir
 
 TICK_S = 0.2
+AGENT_WAIT_S = 60.0  # at most, for the node agents before training starts
 AFTER_KILL_S = 0.03  # the next tick, after chaos's agent sent a SIGKILL (Ray sees the death in ~15 ms)
 
 
@@ -170,6 +171,8 @@ class Driver:
         driver_node = self.cluster_info.get("driver_node") or ray.get_runtime_context().get_node_id()
         # Each process's device and environment (devices), and the node it runs on (placement).
         self.processes = processes = Processes(recipe, rundir, driver_node)
+        # The driver node's agent first: its process starts before the learners' compilation takes the cores.
+        processes.agents.on(driver_node)
         self.syncer = processes.syncer()
         syncer_storage = self.syncer.storage_check.remote()  # waited for with the learners' (they start meanwhile)
         restored = None
@@ -209,7 +212,7 @@ class Driver:
         placed = ray.get([h.where.remote() for h in self.learners.values()])
         storage_usable([ray.get(syncer_storage), *(p["storage_error"] for p in placed)])
         for node in {driver_node, *(p["node_id"] for p in placed)}:
-            processes.agents.on(node)  # started now, so a chaos signal does not wait for a new process
+            processes.agents.on(node)
         resumed: dict[int, dict[str, Any]] = {}
         if self.resume:
             next_seqs = ray.get(self.syncer.next_seqs.remote())
@@ -230,6 +233,10 @@ class Driver:
         fragments, versions = ray.get(self.syncer.global_fragments.remote()) if self.resume else (None, None)
         if versions is not None:
             self.syncer_reports.restored(versions)
+        # Every node's agent answers before anything trains, so chaos's first signal is not held up by
+        # a process still starting. One that does not answer in time delays chaos only, not the run.
+        for node in processes.agents.unready(AGENT_WAIT_S):
+            self.view.message(f"the chaos agent on node {node[:8]} has not started yet: signals to it wait for it")
         ray.get(self.syncer.start.remote())
         pids = ray.get([h.start.remote(fragments, versions) for h in self.learners.values()])
         for i, pid in enumerate(pids):

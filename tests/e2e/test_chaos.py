@@ -200,9 +200,13 @@ def test_stall_syncer_kill_learner_kill_and_resume_lose_and_double_nothing(tmp_p
     summary = json.loads((run_dir / "summary.json").read_text())
     closed = [e for e in events if e["kind"] == "round_closed"]
     assert [e["fault"] for e in chaos if e["phase"] == "injected"] == ["stall", "stall", "kill_syncer", "kill"]
+    # Each went out through the node agent, which says when.
+    assert [e["fault"] for e in chaos if e["phase"] == "signalled"] == ["stall", "stall", "kill_syncer", "kill"]
     # The stall: detected by silence, rounds went on without learner 1, which contributes after thawing.
     injected = next(e for e in chaos if e["fault"] == "stall" and e["phase"] == "injected")
-    frozen_at = injected["t"]
+    # Frozen from the SIGSTOP, which may land a moment after chaos asked for it.
+    frozen_at = next(e["t"] for e in chaos if e["fault"] == "stall" and e["phase"] == "signalled")
+    assert frozen_at >= injected["t"]
     stalled = next(e for e in events if e["kind"] == "learner_stalled")
     thawed = next(e for e in events if e["kind"] == "learner_thawed")
     assert stalled["learner"] == thawed["learner"] == 1 and frozen_at < stalled["t"] < thawed["t"]

@@ -24,36 +24,41 @@ from dlc.run.rundir import RunDir
 
 
 class NodeAgentWorker:
-    """Lives in the agent actor of one node: sends signals to processes of that node."""
+    """Lives in the agent actor of one node: sends signals to processes of that node.
+
+    Each call answers `(t, errors)`: this node's wall time just before the first signal went out (a
+    stall's SIGCONT comes no earlier than `t` plus its duration), and what could not be done."""
 
     def __init__(self) -> None:
         self.signals = ProcessSignals()
 
-    def kill(self, pids: list[int]) -> list[str]:
-        """SIGKILL each pid (all at once for a lost node); returns what could not be done."""
-        errors = []
+    def kill(self, pids: list[int]) -> tuple[float, list[str]]:
+        """SIGKILL each pid (all at once for a lost node)."""
+        t, errors = time.time(), []
         for pid in pids:
             try:
                 self.signals.kill(pid)
             except TargetError as exc:
                 errors.append(str(exc))
-        return errors
+        return t, errors
 
-    def stall(self, pid: int, seconds: float) -> str | None:
+    def stall(self, pid: int, seconds: float) -> tuple[float, list[str]]:
         """SIGSTOP `pid` and start the timer on this node that sends SIGCONT after `seconds`."""
+        t = time.time()
         try:
             self.signals.stall(pid, seconds)
         except TargetError as exc:
-            return str(exc)
-        return None
+            return t, [str(exc)]
+        return t, []
 
-    def preempt(self, pid: int, notice_s: float) -> str | None:
+    def preempt(self, pid: int, notice_s: float) -> tuple[float, list[str]]:
         """SIGTERM `pid` (a preemption notice) and start the timer on this node that SIGKILLs it after `notice_s`."""
+        t = time.time()
         try:
             self.signals.preempt(pid, notice_s)
         except TargetError as exc:
-            return str(exc)
-        return None
+            return t, [str(exc)]
+        return t, []
 
     def pid(self) -> int:
         return os.getpid()
@@ -77,6 +82,16 @@ class Agents:
             agent = NodeAgent.options(scheduling_strategy=strategy).remote()
             self._by_node[node_id] = agent
         return agent
+
+    def unready(self, timeout_s: float) -> list[str]:
+        """Waits up to `timeout_s` for every agent's process to answer; returns the nodes whose agent did not.
+
+        An agent's process can take 20 s and more to start on cores busy compiling: a signal sent to
+        it meanwhile lands that much after chaos asked for it."""
+        nodes = list(self._by_node)
+        pings = [self._by_node[node].pid.remote() for node in nodes]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        return [node for node, ping in zip(nodes, pings, strict=True) if ping not in ready]
 
     def forget(self, node_id: str) -> None:
         """The node's agent died (its node with it): the next request starts a new one, if the node is back."""
@@ -153,7 +168,8 @@ class Signals:
         return sent
 
     def check(self) -> None:
-        """Record the signals the agents could not send."""
+        """Record what the agents answered: when each signal went out (`signalled`, on the agent's clock,
+        seconds after chaos asked), or why it could not."""
         pending = []
         for ref, request, node in self._calls:
             ready, _ = ray.wait([ref], timeout=0)
@@ -161,13 +177,14 @@ class Signals:
                 pending.append((ref, request, node))
                 continue
             try:
-                answer = ray.get(ref)
+                t, errors = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the agent died: its node is gone, or going
                 self.agents.forget(node)
-                answer = [f"the agent on node {node[:8]} failed: {str(exc).splitlines()[0]}"]
-            errors = [answer] if isinstance(answer, str) else list(answer or [])
+                t, errors = None, [f"the agent on node {node[:8]} failed: {str(exc).splitlines()[0]}"]
             if errors:
                 self._ignore(request, "; ".join(errors))
+            else:
+                self.chaos.outcome(str(request.get("op")), request.get("learner"), "signalled", at=t)
         self._calls = pending
 
     def _ignore(self, request: dict[str, Any], reason: str) -> None:

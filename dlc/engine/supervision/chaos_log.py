@@ -55,12 +55,15 @@ class ChaosLog:
         t = self.injected.get((fault, learner))
         return None if t is None else round(time.time() - t, 3)
 
-    def outcome(self, fault: str, learner: int | None, phase: str, **extra: Any) -> None:
-        """Record what was observed after a fault (only for faults that chaos injected)."""
+    def outcome(self, fault: str, learner: int | None, phase: str, at: float | None = None, **extra: Any) -> None:
+        """Record what was observed after a fault (only for faults that chaos injected). `at`: when it
+        happened, if not now; its line then says `after_s`, the seconds since the injection."""
         if (fault, learner) not in self.injected:
             return
+        if at is not None:
+            extra = {"after_s": round(at - self.injected[(fault, learner)], 3), **extra}
         entry = {
-            "t": round(time.time(), 3),
+            "t": round(time.time() if at is None else at, 3),
             "fault": fault,
             "target": f"learner {learner}",
             "learner": learner,

@@ -134,14 +134,16 @@ def test_node_agent_signals_processes_of_its_node(spawn, stray_pids):
 
     a, b, c = spawn(["sleep", "30"]), spawn(["sleep", "30"]), spawn(["sleep", "30"])
     agent = NodeAgentWorker()
-    assert agent.stall(c.pid, 0.5) is None
+    before = time.time()
+    t, errors = agent.stall(c.pid, 0.5)
+    assert errors == [] and before <= t <= time.time()  # when the signal went out, on this node's clock
     assert _wait_for(lambda: _state(c.pid) == "T", 1.0)
     assert _wait_for(lambda: _state(c.pid) != "T", 3.0), "the timer did not resume it"
-    assert agent.kill([a.pid, b.pid]) == []
+    assert agent.kill([a.pid, b.pid])[1] == []
     assert a.wait(timeout=5) == -signal.SIGKILL and b.wait(timeout=5) == -signal.SIGKILL
-    assert agent.kill([a.pid]) == [f"process {a.pid} is gone"]
-    assert "is gone" in (agent.stall(a.pid, 1.0) or "")
-    assert agent.kill([1]) == ["1 is not a process id this tool will signal"] and c.poll() is None
+    assert agent.kill([a.pid])[1] == [f"process {a.pid} is gone"]
+    assert "is gone" in agent.stall(a.pid, 1.0)[1][0]
+    assert agent.kill([1])[1] == ["1 is not a process id this tool will signal"] and c.poll() is None
 
 
 def test_run_dir_target_asks_the_driver_to_degrade_or_cut_a_link(tmp_path: Path):
@@ -244,9 +246,9 @@ def test_node_agent_preempts_and_run_dir_target_asks_for_it(tmp_path: Path, spaw
     from dlc.engine.supervision.agent import NodeAgentWorker
 
     victim = spawn(["sleep", "30"])
-    assert NodeAgentWorker().preempt(victim.pid, 5.0) is None
+    assert NodeAgentWorker().preempt(victim.pid, 5.0)[1] == []
     assert victim.wait(timeout=5) == -signal.SIGTERM
-    assert "is gone" in (NodeAgentWorker().preempt(victim.pid, 5.0) or "")
+    assert "is gone" in NodeAgentWorker().preempt(victim.pid, 5.0)[1][0]
     write_status(tmp_path, {1: 4321})
     RunDirTarget(tmp_path, clock=lambda: 7.0).preempt(1, 45.0)
     lines = [json.loads(x) for x in (tmp_path / CONTROL_FILE).read_text().splitlines()]

@@ -4,6 +4,7 @@ record what they were asked (the agent itself is tested on real processes in tes
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ from dlc.engine.supervision.agent import Signals
 from dlc.engine.supervision.chaos_log import ChaosLog
 from dlc.engine.supervision.control import carry_out
 from dlc.run import events
+from dlc.run.files import CHAOS_FILE
 
 
 class FakeAgents:
@@ -20,7 +22,11 @@ class FakeAgents:
 
     def on(self, node: str) -> Any:
         def method(name: str) -> Any:
-            return SimpleNamespace(remote=lambda *args: self.calls.append((node, name, args)))
+            def remote(*args: Any) -> tuple[str, str]:
+                self.calls.append((node, name, args))
+                return node, name  # the "object ref" of the answer
+
+            return SimpleNamespace(remote=remote)
 
         return SimpleNamespace(kill=method("kill"), stall=method("stall"))
 
@@ -78,6 +84,25 @@ def test_a_request_for_a_process_that_is_gone_or_replaced_is_not_carried_out(tmp
         "learner 5 is not live",
         "the syncer is not the process chaos saw (pid 900 now)",
     ]
+
+
+def test_each_answer_says_when_its_signal_went_out_or_why_it_could_not(tmp_path: Path, monkeypatch):
+    signals, agents, said = _signals(tmp_path)
+    signals.chaos.injected.update({("stall", 2): 100.0, ("kill", 1): 100.0})  # chaos asked at t = 100
+    answers = {("a", "stall"): (103.25, []), ("b", "kill"): (100.5, ["process 101 is gone"])}
+    monkeypatch.setattr("dlc.engine.supervision.agent.ray.wait", lambda refs, timeout: (refs, []))
+    monkeypatch.setattr("dlc.engine.supervision.agent.ray.get", lambda ref: answers[ref])
+    signals.carry_out({"op": "stall", "learner": 2, "pid": 102, "duration_s": 8.0}, LIVE, 900, "a")
+    signals.carry_out({"op": "kill", "learner": 1, "pid": 101}, LIVE, 900, "a")
+    signals.check()
+    lines = [json.loads(x) for x in (tmp_path / CHAOS_FILE).read_text().splitlines()]
+    # The stall went out 3.25 s after chaos asked (an agent still starting): its line has the agent's time.
+    assert [(x["fault"], x["phase"], x["t"], x.get("after_s")) for x in lines] == [
+        ("stall", "signalled", 103.25, 3.25),
+        ("kill", "not_carried_out", lines[1]["t"], None),
+    ]
+    assert lines[1]["detail"] == "process 101 is gone" and signals._calls == []
+    assert [type(e) for e in said] == [events.Chaos, events.ControlIgnored, events.Chaos]
 
 
 class _Recorder:

@@ -106,6 +106,7 @@ class LearnerWorker(Preemptible):
         self.notice: dict[str, Any] | None = None
         self._reported = threading.Event()
         self._ending = threading.Lock()  # the loop's end and a notice: one of them decides who leaves
+        self._handed_over = False  # its steps all done, its progress with the syncer (see `_loop`)
         self._default_sigterm = signal.getsignal(signal.SIGTERM)
         if _in_actor() and threading.current_thread() is threading.main_thread():  # where Ray builds one
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -277,6 +278,12 @@ class LearnerWorker(Preemptible):
             if profiler is not None and (profiler.tick(learner.step) or profiler.close()):
                 self.reports.add([self._traced(profiler)])  # the run ended at or inside the traced steps
             self.reports.log(self.index, learner.take_records, meter.rate)
+            if max_steps is not None and learner.step >= max_steps and self.notice is None:
+                # Its last steps go to the syncer now, while its peers still train and their rounds
+                # merge them. Held until the run's end (the driver stops every learner once all have
+                # finished), they met a global model some rounds newer, merged stale or refused.
+                self._hand_over(timeout_s=120)
+                self._handed_over = True
             with self._ending:  # a notice now finds it finished, and makes it leave itself
                 leave = self.notice is not None
                 if not leave:
@@ -421,7 +428,8 @@ class LearnerWorker(Preemptible):
         if self._thread is not None:
             self._thread.join()  # a preempted learner's loop hands its progress over before it ends
         if self.state not in ("failed", "preempted"):
-            self._hand_over(timeout_s=120)
+            if not self._handed_over:  # a learner that finished its steps handed over as it finished
+                self._hand_over(timeout_s=120)
             self.state = "stopped"
         return self.poll()
 

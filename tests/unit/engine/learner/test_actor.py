@@ -211,3 +211,32 @@ def test_a_syncer_whose_channel_cannot_be_reached_fails_the_run_saying_why(tmp_p
     assert f"learner 0 cannot reach the syncer at 127.0.0.1:{port}" in learner.error
     assert "ConnectionRefusedError" in learner.error and "syncer.channel=ray" in learner.error
     learner.checkpointer.close()
+
+
+def test_a_learner_that_finishes_its_steps_hands_its_progress_over_at_once(tmp_path, monkeypatch):
+    # Its peers may train on for seconds: progress held until the driver stops every learner would
+    # meet a global model rounds newer. The syncer holds it by the time the learner says it finished.
+    monkeypatch.setattr(uplinks.ray, "get", lambda ref, timeout=None: ref)
+    overrides = ["learners.count=2", "syncer.codec=none", "syncer.fragments=2", "run.max_steps=3"]
+    recipe_json = load_recipe(TINY, [*IN_PROCESS, *overrides]).model_dump(mode="json")
+    storage = marked_storage(tmp_path)
+    syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
+    handle = SimpleNamespace(channel=SimpleNamespace(remote=syncer.channel))
+    stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    learner = LearnerWorker(recipe_json, 1, stream, storage, handle)
+    try:
+        syncer.register(1, SimpleNamespace(deliver=None))
+        learner.start(None, None)
+        deadline = time.monotonic() + 300
+        while learner.state != "finished" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert learner.state == "finished" and learner.learner.step == 3
+        # No round asked for anything: what it holds is both fragments, three steps each.
+        assert learner.sync.unpushed_steps() == 0
+        assert syncer.poll()["status"]["pushes_accepted"] == 2
+        final = learner.stop()  # the driver's stop at the run's end sends nothing twice
+        assert final["snapshot"]["state"] == "stopped" and syncer.poll()["status"]["pushes_accepted"] == 2
+    finally:
+        learner._stop.set()
+        learner.link.uplink.close()
+        syncer.close()

@@ -5,9 +5,10 @@
 Learners step at the recipe's pace on a fake clock; `--apart` says how many steps behind the
 first each learner starts (the real engine's learners start seconds apart and drift). Every
 setting runs in phase and apart; each prints the mean contributors per round, the rounds closed
-and the global eval loss once every learner has trained `--steps` steps. As the engine's learners
-do, each learner stops at `--steps`, pushes what it holds and leaves: learners that start apart
-end apart, and every one trains the same tokens.
+and the global eval loss once every learner has trained `--steps` steps (and, with `--eval-at`,
+when the first learner reaches that step). As the engine's learners do, each learner stops at
+`--steps`, pushes what it holds and leaves: learners that start apart end apart, and every one
+trains the same tokens.
 
     python bench/phase.py --steps 1075 --apart 0,20,40,60 --quorums 1 --seeds 0,1,2 model.width=64 \
         learners.batch_size=8 syncer.sync_interval_steps=5 syncer.fragments=5 inner.warmup_steps=89 \
@@ -49,11 +50,13 @@ def main() -> None:
     ap.add_argument("--apart", default="0,7,14,22", help="steps each learner starts behind the first")
     ap.add_argument("--quorums", default="1,4", help="syncer.quorum values to run")
     ap.add_argument("--seeds", default="0", help="run.seed values to run, each in phase and apart")
+    ap.add_argument("--eval-at", type=int, default=None, help="also evaluate the global model at this step")
     ap.add_argument("overrides", nargs="*", help="recipe key=value overrides")
     args = ap.parse_args()
     behind = [int(s) for s in args.apart.split(",")]
     print(f"recipe {args.recipe} {' '.join(args.overrides)}; {len(behind)} learners, {args.steps} steps each")
-    print(f"{'setting':34s} {'contributors/round':>18s} {'rounds':>7s} {'global eval':>12s} {'time':>6s}")
+    at = f"eval @{args.eval_at}" if args.eval_at is not None else ""
+    print(f"{'setting':34s} {'contributors/round':>18s} {'rounds':>7s} {at:>12s} {'global eval':>12s} {'time':>6s}")
     settings = [(int(q), int(seed)) for q in args.quorums.split(",") for seed in args.seeds.split(",")]
     for quorum, seed in settings:
         for label, offsets in (("in phase", [0] * len(behind)), ("apart " + args.apart, behind)):
@@ -72,12 +75,16 @@ def main() -> None:
             )
             t0 = time.time()
             run = StepsEach(recipe, split, step_time_s=STEP_S, starts_s=[b * STEP_S for b in offsets])
+            midway = ""
+            if args.eval_at is not None:  # the first learner's step (the others' lag it by their offsets)
+                run.run_until(args.eval_at * STEP_S + 1e-6)
+                midway = f"{run.global_eval():.4f}"
             run.run_until((args.steps + max(offsets)) * STEP_S + 1e-6)  # the last learner's last step
             run.finish()
             status = run.syncer.status()
             print(
                 f"{f'K={quorum}, seed {seed}, {label}':34s} {status['mean_contributors']:18.2f} "
-                f"{status['rounds_closed']:7d} {run.global_eval():12.4f} {time.time() - t0:5.0f}s",
+                f"{status['rounds_closed']:7d} {midway:>12s} {run.global_eval():12.4f} {time.time() - t0:5.0f}s",
                 flush=True,
             )
 

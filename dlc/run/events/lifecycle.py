@@ -73,7 +73,7 @@ class CheckpointSaved(Event):
 
 @declared(RUN, "final_push")
 class FinalPush(Event):
-    """A learner pushed the progress it had not pushed, at its end."""
+    """A learner pushed the progress it had not pushed: as it reached `run.max_steps`, or when the run stopped it."""
 
     learner: int
     fragments: int

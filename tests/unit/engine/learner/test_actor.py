@@ -168,17 +168,22 @@ def test_a_resumed_learner_numbers_its_pushes_above_every_seq_the_syncer_saw(tmp
     behind.checkpointer.close()
 
 
-def test_a_learner_and_the_syncer_talk_on_the_direct_channel(tmp_path, monkeypatch):
-    # The workers wired as the actors are, with the direct channel (the default) on loopback; Ray's
-    # one part, asking the syncer actor where its channel is, is the syncer worker's own answer.
+def wired(tmp_path, monkeypatch, *overrides: str) -> tuple[SyncerWorker, LearnerWorker]:
+    """A syncer worker and learner 1's worker, wired as the actors are, with the direct channel (the
+    default) on loopback; Ray's one part, asking the syncer actor where its channel is, is the syncer
+    worker's own answer."""
     monkeypatch.setattr(uplinks.ray, "get", lambda ref, timeout=None: ref)
-    recipe = load_recipe(TINY, [*IN_PROCESS, "learners.count=2", "syncer.codec=none", "syncer.fragments=2"])
-    recipe_json = recipe.model_dump(mode="json")
+    settings = ["learners.count=2", "syncer.codec=none", "syncer.fragments=2", *overrides]
+    recipe_json = load_recipe(TINY, [*IN_PROCESS, *settings]).model_dump(mode="json")
     storage = marked_storage(tmp_path)
     syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
     handle = SimpleNamespace(channel=SimpleNamespace(remote=syncer.channel))
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
-    learner = LearnerWorker(recipe_json, 1, stream, storage, handle)
+    return syncer, LearnerWorker(recipe_json, 1, stream, storage, handle)
+
+
+def test_a_learner_and_the_syncer_talk_on_the_direct_channel(tmp_path, monkeypatch):
+    syncer, learner = wired(tmp_path, monkeypatch)
     try:
         syncer.register(1, SimpleNamespace(deliver=None))  # no actor call may carry a message
         assert learner._try_connect() and learner.link.uplink.connected
@@ -216,14 +221,7 @@ def test_a_syncer_whose_channel_cannot_be_reached_fails_the_run_saying_why(tmp_p
 def test_a_learner_that_finishes_its_steps_hands_its_progress_over_at_once(tmp_path, monkeypatch):
     # Its peers may train on for seconds: progress held until the driver stops every learner would
     # meet a global model rounds newer. The syncer holds it by the time the learner says it finished.
-    monkeypatch.setattr(uplinks.ray, "get", lambda ref, timeout=None: ref)
-    overrides = ["learners.count=2", "syncer.codec=none", "syncer.fragments=2", "run.max_steps=3"]
-    recipe_json = load_recipe(TINY, [*IN_PROCESS, *overrides]).model_dump(mode="json")
-    storage = marked_storage(tmp_path)
-    syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
-    handle = SimpleNamespace(channel=SimpleNamespace(remote=syncer.channel))
-    stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
-    learner = LearnerWorker(recipe_json, 1, stream, storage, handle)
+    syncer, learner = wired(tmp_path, monkeypatch, "run.max_steps=3")
     try:
         syncer.register(1, SimpleNamespace(deliver=None))
         learner.start(None, None)

@@ -106,7 +106,7 @@ class LearnerWorker(Preemptible):
         self.notice: dict[str, Any] | None = None
         self._reported = threading.Event()
         self._ending = threading.Lock()  # the loop's end and a notice: one of them decides who leaves
-        self._handed_over = False  # its steps all done, its progress with the syncer (see `_loop`)
+        self._handed_over = False  # its progress is with the syncer and it trains no more (`_hand_over`)
         self._default_sigterm = signal.getsignal(signal.SIGTERM)
         if _in_actor() and threading.current_thread() is threading.main_thread():  # where Ray builds one
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -283,7 +283,6 @@ class LearnerWorker(Preemptible):
                 # merge them. Held until the run's end (the driver stops every learner once all have
                 # finished), they met a global model some rounds newer, merged stale or refused.
                 self._hand_over(timeout_s=120)
-                self._handed_over = True
             with self._ending:  # a notice now finds it finished, and makes it leave itself
                 leave = self.notice is not None
                 if not leave:
@@ -428,14 +427,19 @@ class LearnerWorker(Preemptible):
         if self._thread is not None:
             self._thread.join()  # a preempted learner's loop hands its progress over before it ends
         if self.state not in ("failed", "preempted"):
-            if not self._handed_over:  # a learner that finished its steps handed over as it finished
-                self._hand_over(timeout_s=120)
+            self._hand_over(timeout_s=120)
             self.state = "stopped"
         return self.poll()
 
     def _hand_over(self, timeout_s: float) -> int:
-        """Send the progress not yet pushed, wait until the syncer holds it, checkpoint; returns the pushes."""
+        """Send the progress not yet pushed, wait until the syncer holds it, checkpoint; returns the pushes.
+
+        Once only: nothing trains after a hand-over (the learner finished, leaves or stops), so a later
+        call (a finished learner stopped at the run's end, or given a notice) has nothing to add."""
         assert self.index is not None, "a spare has nothing to hand over"
+        if self._handed_over:
+            return 0
+        self._handed_over = True
         pushed = self.sync.push_outstanding()
         self.transport.drain(timeout_s=timeout_s)  # pushes still held by an emulated link go out first
         # The barrier follows the pushes on their channel, or in the syncer's one ordered concurrency

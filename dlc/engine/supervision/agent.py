@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -34,34 +35,30 @@ class NodeAgentWorker:
 
     def kill(self, pids: list[int]) -> tuple[float, list[str]]:
         """SIGKILL each pid (all at once for a lost node)."""
-        t, errors = time.time(), []
-        for pid in pids:
-            try:
-                self.signals.kill(pid)
-            except TargetError as exc:
-                errors.append(str(exc))
-        return t, errors
+        t = time.time()
+        return t, [error for pid in pids for error in _sent(self.signals.kill, pid)]
 
     def stall(self, pid: int, seconds: float) -> tuple[float, list[str]]:
         """SIGSTOP `pid` and start the timer on this node that sends SIGCONT after `seconds`."""
         t = time.time()
-        try:
-            self.signals.stall(pid, seconds)
-        except TargetError as exc:
-            return t, [str(exc)]
-        return t, []
+        return t, _sent(self.signals.stall, pid, seconds)
 
     def preempt(self, pid: int, notice_s: float) -> tuple[float, list[str]]:
         """SIGTERM `pid` (a preemption notice) and start the timer on this node that SIGKILLs it after `notice_s`."""
         t = time.time()
-        try:
-            self.signals.preempt(pid, notice_s)
-        except TargetError as exc:
-            return t, [str(exc)]
-        return t, []
+        return t, _sent(self.signals.preempt, pid, notice_s)
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def _sent(send: Callable[..., object], pid: int, *args: float) -> list[str]:
+    """Send one signal: [] if it went out, else why not (the process is gone, or not one to signal)."""
+    try:
+        send(pid, *args)
+    except TargetError as exc:
+        return [str(exc)]
+    return []
 
 
 # Ray's stubs type `remote` with task options only: its actor options (max_concurrency) are missing.

@@ -7,8 +7,8 @@ first each learner starts (the real engine's learners start seconds apart and dr
 setting runs in phase and apart; each prints the mean contributors per round, the rounds closed
 and the global eval loss once every learner has trained `--steps` steps (and, with `--eval-at`,
 when the first learner reaches that step). As the engine's learners do, each learner stops at
-`--steps`, pushes what it holds and leaves: learners that start apart end apart, and every one
-trains the same tokens.
+`--steps`, pushes what it holds and retires (the syncer counts it as a learner whose model no
+longer moves): learners that start apart end apart, and every one trains the same tokens.
 
     python bench/phase.py --steps 1075 --apart 0,20,40,60 --quorums 1 --seeds 0,1,2 model.width=64 \
         learners.batch_size=8 syncer.sync_interval_steps=5 syncer.fragments=5 inner.warmup_steps=89 \
@@ -32,7 +32,7 @@ STEP_S = 0.1  # the twin's step time: only ratios to it matter (grace window, he
 
 
 class StepsEach(InProcessRun):
-    """The twin whose learners each stop after `run.max_steps` steps, push what they hold and leave."""
+    """The twin whose learners each stop after `run.max_steps` steps, push what they hold and retire."""
 
     def _step(self, index: int) -> None:
         learner = self.learners[index]
@@ -40,7 +40,7 @@ class StepsEach(InProcessRun):
             super()._step(index)
             if learner.step == self.recipe.run.max_steps:
                 self.finish_learner(index)
-                self.syncer.leave(index)
+                self.syncer.retire(index)
 
 
 def main() -> None:

@@ -80,6 +80,7 @@ class Syncer(Protocol):
     def join(self, learner: int, holds_initial: bool = True) -> None: ...  # False: its state is unknown
     def rejoin(self, learner: int) -> None: ...  # a new incarnation of `learner`
     def leave(self, learner: int) -> None: ...
+    def retire(self, learner: int) -> None: ...  # it trained all its steps; the syncer holds its every push
     def heartbeat(self, learner: int, step: int | None = None) -> None: ...  # step: where it is
     def excuse(self, seconds: float) -> None: ...  # it did not run for `seconds`: silence then is nobody's
     def push(self, message: Any) -> None: ...

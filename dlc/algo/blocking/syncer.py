@@ -166,6 +166,10 @@ class BarrierSyncer(GlobalFragments, HeardFrom):
         if learner in self.members:
             self._drop({learner}, "left")
 
+    def retire(self, learner: int) -> None:
+        """Nothing: the barrier keeps the learners in step, so they finish in the same round and the
+        driver's end of the run flushes it."""
+
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         self.heartbeats[learner] = self.clock()
 

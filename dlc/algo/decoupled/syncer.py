@@ -77,6 +77,8 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         self.book = self._new_book([0] * plan.num_fragments)
         self.heartbeats: dict[int, float] = {}
         self.members: set[int] = set()
+        # Learners that trained all their steps and handed their progress over (`retire`).
+        self.retired: set[int] = set()
         self.counters = SyncCounters()
         self.events: list[events.Event] = []
         self.journal: Callable[[dict[str, Any]], None] | None = None  # durable record of each round
@@ -112,6 +114,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         now, so it holds the current global model however many merges it missed, and a downlink
         by difference can start from there."""
         self.members.add(learner)
+        self.retired.discard(learner)  # one that finished trains again (a resumed run with more steps)
         self.heartbeats[learner] = self.clock()
         self.schedule.forget(learner)
         self.downlink.forget(learner)
@@ -131,6 +134,18 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         self.members.discard(learner)
         self.schedule.forget(learner)
         self.downlink.forget(learner)
+
+    def retire(self, learner: int) -> None:
+        """Learner `learner` trained all its steps, and the syncer holds every push it sent: it leaves
+        the rounds, and every later merge counts its model as one that stays where it left it.
+
+        The global model stands for the mean of the learners' models. Learners that end a few steps
+        apart (they started apart, or one is slower) would otherwise hand the last rounds to the one
+        or two still training, whose differences then move the whole global model: their batches'
+        noise, which the mean of M learners' differences cancels, stays in it. Counted as learners that no
+        longer move, the finished ones keep the run's last rounds at their share (`_close`)."""
+        self.leave(learner)
+        self.retired.add(learner)
 
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         """Learner `learner` is alive, at inner step `step` (None: it does not say)."""
@@ -251,6 +266,10 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         # The feedback needs the mean merge (RDA with it is refused): `merged` is the deltas' mean then.
         self.spread.update(p, result.deltas, weights, merged if self.cfg.merge == "mean" else None)
         factors = self.spread.factors(p)  # the learners' lr factors that go down with the new value
+        # Retired learners (`retire`) count as contributors of the mean weight whose difference is zero.
+        retired = sorted(self.retired - set(result.learners))
+        if retired:
+            merged = merged * np.float32(len(result.learners) / (len(result.learners) + len(retired)))
         self.theta[p] = self.outer[p].step(self.theta[p], merged)
         pairs = tuple(zip(result.learners, result.seqs, strict=True))
         self.counters.round_closed(result.learners)
@@ -274,6 +293,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
                 for seq in seqs
             ],
             lr_factors=[round(f, 4) for f in factors] or None,
+            retired=retired or None,
         )
         if self.journal is not None:  # before anyone sees the new version: a restart replays it
             self.journal(
@@ -320,6 +340,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
             "rejections": {str(k): v for k, v in self.book.rejections.items()},
             "settled_seqs": {str(k): v for k, v in self.settled_seqs.items()},
             "schedule": self.schedule.state(),
+            "retired": sorted(self.retired),
         }
 
     def journal_snapshot(self) -> dict[str, Any]:
@@ -364,6 +385,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         for learner in self.settled_seqs:
             self._see_settled(learner)
         self.schedule.load(counters.get("schedule", {}))
+        self.retired = {int(learner) for learner in counters.get("retired", [])}
         self.downlink.reset(self.theta)
         self.asked.clear()
         self.waiting = [0] * self.plan.num_fragments

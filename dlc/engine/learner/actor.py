@@ -283,6 +283,7 @@ class LearnerWorker(Preemptible):
                 # merge them. Held until the run's end (the driver stops every learner once all have
                 # finished), they met a global model some rounds newer, merged stale or refused.
                 self._hand_over(timeout_s=120)
+                self._retire()
             with self._ending:  # a notice now finds it finished, and makes it leave itself
                 leave = self.notice is not None
                 if not leave:
@@ -359,12 +360,15 @@ class LearnerWorker(Preemptible):
             self.error = self.error or traceback.format_exc()
 
     def set_syncer(self, syncer: Any) -> int:
-        """The syncer was restarted: talk to the new one and re-send what it never acknowledged."""
+        """The syncer was restarted: talk to the new one and re-send what it never acknowledged (a learner that
+        finished its steps is retired from the new one's rounds too; what it re-sends is merged all the same)."""
         with self._link_lock:
             self.syncer = syncer
-            if not self._try_connect():  # the heartbeat thread connects and re-sends when it can
-                return 0
-            return self.sync.reconnect(self.link.push)
+            # Not connected: the heartbeat thread connects and re-sends when it can.
+            resent = self.sync.reconnect(self.link.push) if self._try_connect() else 0
+        if self.state == "finished":
+            self._retire()
+        return resent
 
     def impair_link(self, factor: float | None, seconds: float) -> None:
         """Degrade this learner's uplink by `factor` (None: cut it) for `seconds`."""
@@ -448,6 +452,13 @@ class LearnerWorker(Preemptible):
         self.reports.add([*pushed, events.FinalPush(learner=self.index, fragments=len(pushed))])
         self.save()
         return len(pushed)
+
+    def _retire(self) -> None:
+        """Tell the syncer, which holds every push of this learner's (its barrier returned), that it trained
+        all its steps: the rounds stop asking it, and count its model as one that no longer moves."""
+        # A syncer that died meanwhile: its successor retires this learner when it is handed over (`set_syncer`).
+        with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            ray.get(self.syncer.retire.remote(self.index), timeout=30)
 
 
 def _in_actor() -> bool:

@@ -190,6 +190,12 @@ class SyncerWorker:
                 self.hub.drop(index)
             self.syncer.leave(index)
 
+    def retire(self, index: int) -> None:
+        """Learner `index` trained all its steps and this syncer holds its every push (its barrier
+        returned): it stays connected, out of the rounds (`DecoupledSyncer.retire`)."""
+        with self.lock:
+            self.syncer.retire(index)
+
     # One thread: pushes from a learner stay in order. No return value (see LearnerWorker.deliver).
     @ray.method(concurrency_group="pushes", num_returns=0)
     def push(self, push: Any) -> None:

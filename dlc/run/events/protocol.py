@@ -56,7 +56,9 @@ class PushRejected(Event):
 class RoundClosed(Event):
     """A fragment's round merged: each contributor's newest `seqs`, and `merged`, every (learner, seq) folded in,
     superseded pushes included; `lr_factors`, the learning-rate factor of each of the fragment's pieces sent
-    down with it (`syncer.lr_feedback`); `replayed` marks a round a restarted syncer reported for its predecessor."""
+    down with it (`syncer.lr_feedback`); `retired`, the learners that had finished their steps, counted in the
+    merge as learners whose models no longer move; `replayed` marks a round a restarted syncer reported for its
+    predecessor."""
 
     fragment: int
     version: int
@@ -69,6 +71,7 @@ class RoundClosed(Event):
     waited_s: float | None = None
     merged: list[tuple[int, int]] | None = None
     lr_factors: list[float] | None = None
+    retired: list[int] | None = None
     replayed: bool = False
 
 

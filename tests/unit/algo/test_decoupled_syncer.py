@@ -134,6 +134,41 @@ def test_flush_closes_rounds_without_quorum_and_state_round_trips():
     assert sum(int(np.count_nonzero(v)) for v in flat.values()) == plan.size(1)
 
 
+def test_a_retired_learner_leaves_the_rounds_and_counts_as_a_model_that_no_longer_moves():
+    # Three learners; learner 0 finished its steps: its last push still merges in full, and every
+    # later round moves the global model by the movers' share of three, not by their whole mean.
+    syncer, plan, delivered, clock = make(quorum=1, learners=3)
+    size = plan.size(0)
+    records = []
+    syncer.journal = records.append
+    syncer.open_round(0)
+    syncer.push(push(0, 0, 3 * np.ones(size), seq=0))
+    syncer.retire(0)  # its barrier returned: the syncer holds that push
+    assert 0 not in syncer.members and syncer.retired == {0}
+    syncer.push(push(1, 0, np.ones(size), seq=0))
+    syncer.push(push(2, 0, 2 * np.ones(size), seq=0))
+    assert syncer.tick() == 1  # every member pushed: a retired learner is not waited for
+    np.testing.assert_allclose(syncer.theta[0], -2.0)  # mean of 3, 1, 2: a contributor is not discounted
+    syncer.open_round(0)
+    syncer.push(push(1, 0, np.ones(size), seq=1, base=1))
+    syncer.push(push(2, 0, 2 * np.ones(size), seq=1, base=1))
+    delivered.clear()
+    assert syncer.tick() == 1
+    np.testing.assert_allclose(syncer.theta[0], -2.0 - 1.5 * 2 / 3)  # the mean 1.5, at 2 of 3 learners
+    assert [m for m, _ in delivered] == [1, 2]  # nothing goes down to it
+    closed = [e for e in syncer.drain_events() if isinstance(e, events.RoundClosed)]
+    assert [e.retired for e in closed] == [None, [0]]
+    # A restarted syncer knows it from the journal or the checkpoint; one that trains again is no longer.
+    replayed, _, _, _ = make(quorum=1, learners=3)
+    for record in records:
+        replayed.replay(pickle.loads(pickle.dumps(record)))
+    restored, _, _, _ = make(quorum=1, learners=3)
+    restored.load(*syncer.state())
+    assert replayed.retired == restored.retired == {0}
+    restored.join(0)
+    assert restored.retired == set() and 0 in restored.members
+
+
 @pytest.mark.parametrize("kind", ["nesterov", "delayed_nesterov"])
 def test_the_outer_steps_state_survives_the_journal_and_the_checkpoint(kind):
     outer = {"kind": kind, "lr": 0.7, "momentum": 0.9}

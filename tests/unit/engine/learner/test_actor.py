@@ -177,7 +177,9 @@ def wired(tmp_path, monkeypatch, *overrides: str) -> tuple[SyncerWorker, Learner
     recipe_json = load_recipe(TINY, [*IN_PROCESS, *settings]).model_dump(mode="json")
     storage = marked_storage(tmp_path)
     syncer = SyncerWorker(recipe_json, str(tmp_path), storage)
-    handle = SimpleNamespace(channel=SimpleNamespace(remote=syncer.channel))
+    handle = SimpleNamespace(
+        channel=SimpleNamespace(remote=syncer.channel), retire=SimpleNamespace(remote=syncer.retire)
+    )
     stream = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
     return syncer, LearnerWorker(recipe_json, 1, stream, storage, handle)
 
@@ -232,6 +234,7 @@ def test_a_learner_that_finishes_its_steps_hands_its_progress_over_at_once(tmp_p
         # No round asked for anything: what it holds is both fragments, three steps each.
         assert learner.sync.unpushed_steps() == 0
         assert syncer.poll()["status"]["pushes_accepted"] == 2
+        assert syncer.syncer.retired == {1} and 1 not in syncer.syncer.members  # no round asks it again
         final = learner.stop()  # the driver's stop at the run's end sends nothing twice
         assert final["snapshot"]["state"] == "stopped" and syncer.poll()["status"]["pushes_accepted"] == 2
     finally:

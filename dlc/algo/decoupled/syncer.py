@@ -122,7 +122,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
             if holds_initial and version == 0:
                 self.downlink.holds(learner, p, 0)
             elif not holds_initial and version > 0:
-                message = self.downlink.whole(learner, p, version, self.theta[p], self.clock(), self.spread.factors(p))
+                message = self.downlink.whole(learner, p, version, self.theta[p], self.clock(), self._factors(p))
                 self.counters.bytes_down += self.deliver(learner, message)
 
     def rejoin(self, learner: int) -> None:
@@ -146,6 +146,15 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         longer move, the finished ones keep the run's last rounds at their share (`_close`)."""
         self.leave(learner)
         self.retired.add(learner)
+
+    def _factors(self, p: int) -> tuple[float, ...]:
+        """The learning-rate factors that go down with fragment p's value: its pieces' (`SpreadBook`), or
+        each 1 once a learner has retired. The factor is made for M learners' differences cancelling in
+        their mean; with learners retired the rounds merge fewer, counted at their share, and the run is
+        in its last steps, where the schedule anneals and a learner's raised learning rate keeps its noise
+        in the model (bench/RESULTS.md, "The learners' end")."""
+        factors = self.spread.factors(p)
+        return tuple(1.0 for _ in factors) if self.retired else factors
 
     def heartbeat(self, learner: int, step: int | None = None) -> None:
         """Learner `learner` is alive, at inner step `step` (None: it does not say)."""
@@ -265,7 +274,7 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         merged = merge_deltas(list(result.deltas), weights, self.cfg.merge, self.plan.segments(p), EMBEDDINGS)
         # The feedback needs the mean merge (RDA with it is refused): `merged` is the deltas' mean then.
         self.spread.update(p, result.deltas, weights, merged if self.cfg.merge == "mean" else None)
-        factors = self.spread.factors(p)  # the learners' lr factors that go down with the new value
+        factors = self._factors(p)  # the learners' lr factors that go down with the new value
         # Retired learners (`retire`) count as contributors of the mean weight whose difference is zero.
         retired = sorted(self.retired - set(result.learners))
         if retired:

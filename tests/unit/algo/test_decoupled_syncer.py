@@ -151,11 +151,16 @@ def test_a_retired_learner_leaves_the_rounds_and_counts_as_a_model_that_no_longe
     np.testing.assert_allclose(syncer.theta[0], -2.0)  # mean of 3, 1, 2: a contributor is not discounted
     syncer.open_round(0)
     syncer.push(push(1, 0, np.ones(size), seq=1, base=1))
-    syncer.push(push(2, 0, 2 * np.ones(size), seq=1, base=1))
+    across = np.tile([2.0, -2.0], size // 2)  # partly cancelling learner 1's: a spread above 1
+    syncer.push(push(2, 0, across, seq=1, base=1))
     delivered.clear()
     assert syncer.tick() == 1
-    np.testing.assert_allclose(syncer.theta[0], -2.0 - 1.5 * 2 / 3)  # the mean 1.5, at 2 of 3 learners
+    mean = (np.ones(size) + across) / 2
+    np.testing.assert_allclose(syncer.theta[0], -2.0 - mean * 2 / 3, rtol=1e-6)  # the mean, at 2 of 3 learners
     assert [m for m, _ in delivered] == [1, 2]  # nothing goes down to it
+    # The spread rose, but its peers' lr factors go down as 1: the feedback was made for every learner's mean.
+    assert min(syncer.spread.factors(0)) > 1.1
+    assert all(set(msg.lr_factors) == {1.0} for _, msg in delivered)
     closed = [e for e in syncer.drain_events() if isinstance(e, events.RoundClosed)]
     assert [e.retired for e in closed] == [None, [0]]
     # A restarted syncer knows it from the journal or the checkpoint; one that trains again is no longer.

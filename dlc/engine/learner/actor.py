@@ -457,7 +457,7 @@ class LearnerWorker(Preemptible):
         """Tell the syncer, which holds every push of this learner's (its barrier returned), that it trained
         all its steps: the rounds stop asking it, and count its model as one that no longer moves."""
         # A syncer that died meanwhile: its successor retires this learner when it is handed over (`set_syncer`).
-        with contextlib.suppress(ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             ray.get(self.syncer.retire.remote(self.index), timeout=30)
 
 

@@ -142,8 +142,8 @@ class DecoupledSyncer(GlobalFragments, HeardFrom):
         The global model stands for the mean of the learners' models. Learners that end a few steps
         apart (they started apart, or one is slower) would otherwise hand the last rounds to the one
         or two still training, whose differences then move the whole global model: their batches'
-        noise, which the mean of M learners' differences cancels, stays in it. Counted as learners that no
-        longer move, the finished ones keep the run's last rounds at their share (`_close`)."""
+        noise, which the mean of M learners' differences cancels, stays in it. Counted as learners
+        that no longer move, the finished ones keep the run's last rounds at their share (`_close`)."""
         self.leave(learner)
         self.retired.add(learner)
 

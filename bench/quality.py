@@ -19,13 +19,14 @@ The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
   mean of the paired differences to data-parallel and their range;
 - the loss is the syncer's global model after the final flush.
 
-`sizes` runs data-parallel, decoupled M=4 (the recipe's defaults) and M=1 with the default and
-with a Nesterov momentum of 0.9; `ladder` takes the gap apart from data-parallel to today's
-decoupled rung by rung (each rung adds one thing to the one before); `learners` runs M in
-`--counts` (at several sizes it records the by-size table); `tokens` runs data-parallel and
-decoupled M=4 at each tokens per parameter of `--cs`, H held at `--c`'s (so the rounds grow with
-the budget); `--arm` adds candidates on top of the mode's last arm. Each mode records its table
-in bench/RESULTS.md; `--cli` also trains an arm's best setting (the last arm's, or `--cli-arm`'s)
+`sizes` runs data-parallel, decoupled M=4 (the recipe's defaults), M=1 with the default outer step
+(int4, and fp32), blocking DiLoCo M=4 (dlc's algorithm=diloco) and M=1 with a Nesterov momentum of
+0.9; `ladder` takes the gap apart from data-parallel to today's decoupled rung by rung (each rung
+adds one thing to the one before); `learners` runs M in `--counts` (at several sizes it records
+the by-size table); `tokens` runs data-parallel and decoupled M=4 at each tokens per parameter of
+`--cs`, H held at `--c`'s (so the rounds grow with the budget); `--arm` adds candidates on top of
+the mode's last arm, `--only` trains some of the mode's arms. Each mode records its table in
+bench/RESULTS.md; `--cli` also trains an arm's best setting (the last arm's, or `--cli-arm`'s)
 at every size through the real `dlc train` for seed 0 and reports how far the twin and the CLI
 agree; with `--from-json` it trains only those, beside the twin's runs the file holds.
 """
@@ -73,15 +74,27 @@ class Arm:
 DP = Arm("data-parallel", dp=True, note="one model, the global batch every step")
 
 PLOTS = {
-    "sizes": runner.REPO / "bench" / "quality-sizes.png",
-    "learners": runner.REPO / "bench" / "quality-sizes.png",  # with several sizes: each M's gap by size
-    "tokens": runner.REPO / "bench" / "quality-tokens.png",
+    # In the manual's assets, where docs/concepts/algorithm.md shows them.
+    "sizes": runner.REPO / "docs" / "assets" / "quality-sizes.png",
+    "learners": runner.REPO / "docs" / "assets" / "quality-sizes.png",  # with several sizes: each M's gap by size
+    "tokens": runner.REPO / "docs" / "assets" / "quality-tokens.png",
 }
+
+_RDA = ("syncer.merge=rda", "syncer.lr_feedback=none")
+# Synchronous: the whole model every H steps, every learner in every round, adopted as merged, fp32.
+_SYNC = ("syncer.fragments=1", "syncer.overlap_steps=0", "syncer.quorum=4", "syncer.adopt=replace", *FP32)
 
 SIZES_ARMS = (
     DP,
     Arm("decoupled M=4", note="the recipe's defaults, learners out of phase", out_of_phase=True),
     Arm("decoupled M=1", count=1, note="the default outer step"),
+    Arm("M=1, fp32", FP32, count=1, note="one learner, the default outer step, no compression"),
+    Arm(
+        "blocking DiLoCo M=4",
+        (*_SYNC, "syncer.lr_feedback=none"),
+        note="the whole model every H steps, every learner in every round, the mean merge and the default outer "
+        "step, fp32: dlc's algorithm=diloco",
+    ),
     Arm(
         "M=1, Nesterov 0.9",
         ("syncer.outer.kind=nesterov", "syncer.outer.momentum=0.9", "syncer.outer.lr=0.4"),
@@ -92,8 +105,7 @@ SIZES_ARMS = (
 
 # Each rung adds one thing to the rung before it; all but the last merge by RDA, as dlc did before
 # the learning-rate feedback (`syncer.lr_feedback`) took its place.
-_RDA = ("syncer.merge=rda", "syncer.lr_feedback=none")
-_WHOLE = ("syncer.fragments=1", "syncer.overlap_steps=0", "syncer.quorum=4", "syncer.adopt=replace", *FP32, *_RDA)
+_WHOLE = (*_SYNC, *_RDA)
 LADDER_ARMS = (
     DP,
     Arm("M=1, fp32", (*FP32,), count=1, note="one learner, the default outer step, no compression"),
@@ -337,6 +349,12 @@ def main() -> None:
         default=[],
         help="one more arm after the mode's, LABEL:KEY=VALUE[;KEY=VALUE...] on the mode's last arm (repeatable)",
     )
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="train only this arm of the mode's (its label; repeatable), e.g. to sweep one arm's lr further",
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", help="directory for quality.json (default: a new temp dir)")
     ap.add_argument(
@@ -350,8 +368,8 @@ def main() -> None:
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
     ap.add_argument(
         "--plot",
-        help="the plot of each arm's gap, with several sizes (default bench/quality-sizes.png; tokens mode: "
-        "bench/quality-tokens.png)",
+        help="the plot of each arm's gap, with several sizes (default docs/assets/quality-sizes.png; tokens "
+        "mode: docs/assets/quality-tokens.png)",
     )
     args = ap.parse_args()
     if args.from_json:
@@ -407,6 +425,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         extra = tuple(o for o in body.split(";") if o)
         layered = tuple(replaced_overrides(list(last.overrides), *extra))
         arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
+    if args.only:
+        unknown = [label for label in args.only if label not in {arm.label for arm in arms}]
+        if unknown:
+            raise UserError(f"--only {unknown[0]!r}: no such arm; the arms are {[arm.label for arm in arms]}")
+        arms = tuple(arm for arm in arms if arm.label in args.only)
     sizes = parse_sizes(args.sizes)
     if args.H < 0:
         raise UserError(f"--H {args.H}: H is a number of steps, at least 1 (or 0 for each size's own)")

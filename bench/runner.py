@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -274,7 +275,7 @@ def gap_plot(series: dict[str, list[tuple[float, list[float]]]], out: Path, titl
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final eval loss vs data-parallel (%)")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 56)))  # the figure's width: a longer line is cut off
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)

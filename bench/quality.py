@@ -84,11 +84,13 @@ _RDA = ("syncer.merge=rda", "syncer.lr_feedback=none")
 # Synchronous: the whole model every H steps, every learner in every round, adopted as merged, fp32.
 _SYNC = ("syncer.fragments=1", "syncer.overlap_steps=0", "syncer.quorum=4", "syncer.adopt=replace", *FP32)
 
+M1_FP32 = Arm("M=1, fp32", FP32, count=1, note="one learner, the default outer step, no compression")
+
 SIZES_ARMS = (
     DP,
     Arm("decoupled M=4", note="the recipe's defaults, learners out of phase", out_of_phase=True),
     Arm("decoupled M=1", count=1, note="the default outer step"),
-    Arm("M=1, fp32", FP32, count=1, note="one learner, the default outer step, no compression"),
+    M1_FP32,
     Arm(
         "blocking DiLoCo M=4",
         (*_SYNC, "syncer.lr_feedback=none"),
@@ -108,7 +110,7 @@ SIZES_ARMS = (
 _WHOLE = (*_SYNC, *_RDA)
 LADDER_ARMS = (
     DP,
-    Arm("M=1, fp32", (*FP32,), count=1, note="one learner, the default outer step, no compression"),
+    M1_FP32,
     Arm("synchronous DiLoCo M=4", _WHOLE, note="whole model every H steps, every learner in every round"),
     Arm("+ fragments", _WHOLE[1:], note="P = H: one fragment leaves every step"),
     Arm("+ overlap", _WHOLE[2:], note="tau = 2: adopt two steps after sending"),

@@ -18,6 +18,9 @@ from dlc.config.load import load_recipe
 from dlc.errors import UserError
 from tests.helpers import REPO, TINY
 
+# One worker takes the module: its fixture's program (about a minute) then runs once, not once a worker.
+pytestmark = pytest.mark.xdist_group("sharding")
+
 PROGRAM = textwrap.dedent(
     """
     import json, sys, tempfile

@@ -110,10 +110,11 @@ def spreads(
 ) -> np.ndarray:
     """How far the learners' deltas cancel in their weighted mean, per segment (name, offset, length):
     the weighted mean of their norms over the norm of their weighted mean, float64, at least 1 (1 where
-    every delta points the same way, or only one learner contributed; up to sqrt(M) for M deltas of
-    independent noise). RDA's merged segment is as long as the mean times this factor;
-    `syncer.lr_feedback=spread` raises the learners' learning rate by it instead. ``mean``: their
-    weighted mean where the caller has it already (`merge_deltas(..., "mean")`), else computed here."""
+    every delta points the same way, or only one learner contributed; sqrt(M) for M deltas of
+    independent noise, more for deltas that undo one another). RDA's merged segment is as long as
+    the mean times this factor; `syncer.lr_feedback=spread` raises the learners' learning rate by it
+    instead. ``mean``: their weighted mean where the caller has it already (`merge_deltas(...,
+    "mean")`), else computed here."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     w = w / w.sum()
     out = np.ones(len(segments))

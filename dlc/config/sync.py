@@ -52,9 +52,10 @@ class SyncerConfig(Section):
     lr_feedback: Literal["none", "spread"] = Field(
         "spread",
         description="spread: each round the syncer measures per tensor how far the learners' deltas cancel in "
-        "their mean (the mean of their norms over the norm of their mean: 1 when they agree, up to sqrt(M) when "
-        "they are noise) and each learner multiplies that tensor's learning rate by it (smoothed over rounds, "
-        "lr_feedback_decay): small batches a learner then step as far as data-parallel's one batch. "
+        "their mean (the mean of their norms over the norm of their mean: 1 when they agree, sqrt(M) when they "
+        "are noise, counted up to that) and each learner multiplies that tensor's learning rate by it "
+        "(smoothed over rounds, lr_feedback_decay): small batches a learner then step as far as "
+        "data-parallel's one batch. "
         "Decoupled only; none: the learning rate as scheduled.",
     )
     lr_feedback_decay: float = Field(

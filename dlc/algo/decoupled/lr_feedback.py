@@ -9,7 +9,10 @@ they are mostly noise. RDA stretches the merged delta by as much, after the lear
 this feedback the syncer merges by the mean and the learners multiply that tensor's learning rate
 by it, so that their own steps move about as far along the gradient as data-parallel's would. The
 factor is the spread to `syncer.lr_feedback_power` (2.5): a delta sums H steps, whose signal adds up
-while their noise partly cancels, so a delta's spread understates how noisy one step is.
+while their noise partly cancels, so a delta's spread understates how noisy one step is. A round's
+spread counts up to the bound of independent noise (`noise_bound`, sqrt(M)), so the factor stays
+within M^(power/2): deltas spread further only where the learners undo one another, and a larger
+step there would feed the swing.
 
 The syncer keeps the factor of every piece of every fragment, smoothed over the fragment's rounds
 (`SpreadBook`), in its checkpoints and journal, and sends a fragment's factors with each merged
@@ -32,6 +35,16 @@ from dlc.core.fragments import FragmentPlan
 from dlc.core.learner import Learner
 
 
+def noise_bound(weights: np.ndarray) -> float:
+    """The spread of deltas that are independent noise of one size, under these merge weights: sqrt(M)
+    for M equal weights, the root of the weights' effective number in general. Deltas spread further
+    only where they undo one another (a tensor the learners push back and forth), and a larger step
+    there would feed the swing: a round's spread counts up to this bound."""
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    w = w / w.sum()
+    return float(np.sqrt(1.0 / (w @ w)))
+
+
 class SpreadBook:
     """The syncer's side: each fragment's pieces' spreads, smoothed over rounds (1 when off, kept so
     that the syncer's checkpoints have one shape whatever the recipe)."""
@@ -48,7 +61,7 @@ class SpreadBook:
         merged already) into its factors."""
         if self.on:
             new = spreads(deltas, weights, self.plan.segments(p), mean)
-            self.values[p] = self.decay * self.values[p] + (1.0 - self.decay) * new
+            self.values[p] = self.decay * self.values[p] + (1.0 - self.decay) * np.minimum(new, noise_bound(weights))
 
     def factors(self, p: int) -> tuple[float, ...]:
         """What goes down with fragment p's value: one factor a piece (its smoothed spread to the power),

@@ -545,6 +545,20 @@ def test_the_lr_feedback_power_raises_the_smoothed_spread_to_it_and_the_checkpoi
     np.testing.assert_allclose(tree["spread"]["0"], [spread])  # the power is the recipe's, not state
 
 
+def test_a_round_whose_deltas_undo_one_another_counts_as_noise_in_the_lr_factor():
+    syncer, plan, delivered, _ = make(quorum=2, lr_feedback_power=2.0)
+    a, b = np.zeros(plan.size(0)), np.zeros(plan.size(0))
+    a[0], b[0] = 2.0, -1.8  # norms 2 and 1.8 around a mean of 0.1: a spread of 19
+    syncer.open_round(0)
+    syncer.push(push(0, 0, a, seq=0))
+    syncer.push(push(1, 0, b, seq=0))
+    assert syncer.tick() == 1
+    # Counted as two deltas of independent noise (sqrt(2)), so the factor stays within M^(power / 2).
+    spread = 0.8 * 1.0 + 0.2 * np.sqrt(2.0)
+    assert [msg.lr_factors for _, msg in delivered] == [pytest.approx((spread**2,))] * 2
+    assert max(syncer.spread.factors(0)) <= 2.0
+
+
 def test_rda_and_the_lr_feedback_are_refused_together():
     with pytest.raises(ValueError, match="count it twice"):
         Recipe.model_validate({"syncer": {"merge": "rda"}})

@@ -274,9 +274,8 @@ def table(data: dict[str, Any]) -> str:
     head += ["contributors per round", "rounds per fragment", "MiB up", "consecutive outer gradients, cosine"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in meta["sizes"]:
-        if not trained(runs, size["name"], DP.label):
-            continue  # its data-parallel reference not trained (yet)
-        _, dp = best(runs, size["name"], DP.label)
+        # Without its data-parallel reference (not trained yet, or left out by --only) a row has no gap.
+        dp = best(runs, size["name"], DP.label)[1] if trained(runs, size["name"], DP.label) else None
         before = None
         for arm in meta["arms"]:
             if not trained(runs, size["name"], arm["label"]):
@@ -284,7 +283,7 @@ def table(data: dict[str, Any]) -> str:
             lr, losses = best(runs, size["name"], arm["label"])
             one = [r for r in runs if r["size"] == size["name"] and r["arm"] == arm["label"] and r["lr"] == lr]
             cells = [size["name"], arm["label"], f"{lr:g}", f"{statistics.fmean(losses.values()):.4f}"]
-            cells.append("" if arm["dp"] else paired(losses, dp))
+            cells.append("" if arm["dp"] or dp is None else paired(losses, dp))
             if ladder:
                 cells.append(paired(losses, before) if before is not None else "")
             if arm["dp"]:

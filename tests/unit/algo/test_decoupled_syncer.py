@@ -533,8 +533,8 @@ def test_lr_factors_go_down_with_every_merge_and_survive_the_journal_and_the_che
 
 @pytest.mark.parametrize(
     ("index", "value"),
-    [(1, 2.0), (0, -1.8)],
-    ids=["orthogonal: a spread of sqrt(2)", "undoing each other: 19, counted as the noise bound sqrt(2)"],
+    [(1, 2.0), (0, -1.8)],  # orthogonal: a spread of sqrt(2); undoing each other: 19, counted as sqrt(2)
+    ids=["orthogonal", "undoing-each-other"],
 )
 def test_the_lr_feedback_power_raises_the_smoothed_spread_to_it_and_the_checkpoint_keeps_the_spread(index, value):
     syncer, plan, delivered, _ = make(quorum=2, lr_feedback_power=2.0)

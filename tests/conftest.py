@@ -100,12 +100,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     what they did in time (heartbeats, restarts, notices): pytest-xdist runs them one after another
     on one worker, so no two of them share the cores, while the other workers take every other test
     beside them. Those marked `untimed`, whose checks do not depend on the pace of the cores, go
-    with the other tests: the timed ones alone are the longest worker's load."""
+    with the other tests: the timed ones alone are the longest worker's load. A module that names an
+    `XDIST_GROUP` goes to one worker whole (one costly module fixture, made once). The marker only
+    exists with pytest-xdist: without it (a GPU machine's packed packages) nothing is marked."""
     if not config.pluginmanager.has_plugin("xdist"):
         return
     for item in items:
         if item.path.is_relative_to(E2E) and item.get_closest_marker("untimed") is None:
             item.add_marker(pytest.mark.xdist_group("e2e"))
+        elif group := getattr(getattr(item, "module", None), "XDIST_GROUP", None):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -18,8 +18,9 @@ from dlc.config.load import load_recipe
 from dlc.errors import UserError
 from tests.helpers import REPO, TINY
 
-# One worker takes the module: its fixture's program (about a minute) then runs once, not once a worker.
-pytestmark = pytest.mark.xdist_group("sharding")
+# One xdist worker takes the module (tests/conftest.py): its fixture's program (about a minute) then
+# runs once, not once a worker.
+XDIST_GROUP = "sharding"
 
 PROGRAM = textwrap.dedent(
     """

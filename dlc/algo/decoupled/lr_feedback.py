@@ -41,8 +41,7 @@ def noise_bound(weights: np.ndarray) -> float:
     only where they undo one another (a tensor the learners push back and forth), and a larger step
     there would feed the swing: a round's spread counts up to this bound."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
-    w = w / w.sum()
-    return float(np.sqrt(1.0 / (w @ w)))
+    return float(w.sum() / np.sqrt(w @ w))  # sqrt of (sum w)^2 / sum w^2, whatever the weights' scale
 
 
 class SpreadBook:

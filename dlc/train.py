@@ -15,7 +15,7 @@ from dlc.observe.trackers import check_trackers, default_trackers
 from dlc.plan.memory import check_fits, fragment_plan
 from dlc.run import events
 from dlc.run.files import syncer_journal_path
-from dlc.run.rundir import Claim, RunDir
+from dlc.run.rundir import Claim, RunDir, completed_summary
 
 
 def run(
@@ -49,6 +49,12 @@ def run(
     cache = prepare_compilation_cache(recipe.run.compile_cache_dir) if recipe.run.compile_cache else None
     with Claim() as claim:  # one dlc train at a time in the run directory, until this returns
         layout = RunDir.check(recipe, fresh, claim)
+        if layout.resume and (summary := completed_summary(layout.path, recipe)) is not None:
+            view.message(
+                f"{layout.path} has completed this recipe's budget already: nothing to train. To train further "
+                "raise run.max_steps (or run.max_tokens, run.max_wall_s); to start over pass --fresh"
+            )
+            return Outcome("completed", summary, str(layout.path))
         if layout.resume:  # a damaged journal is found here, not by a syncer that has already started
             plan = fragment_plan(recipe)
             check_journal(syncer_journal_path(layout.path), [plan.size(p) for p in range(plan.num_fragments)])

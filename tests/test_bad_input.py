@@ -13,6 +13,8 @@ resources (an unreachable address, too few CPUs, GPUs) belong beside the engine'
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import shutil
 import time
@@ -411,6 +413,49 @@ def test_a_healthy_run_directory_passes_every_check(damage, run_copy, corpus):
     result = invoke("train", str(TINY), *train_overrides(corpus, run_copy))
     assert isinstance(result.exception, ReachedCluster), result.stderr
     assert snapshot(run_copy) == before  # the run had not started: nothing was written yet
+
+
+def completed_summary(run: Path, steps: float = 6.0) -> dict[str, Any]:
+    """Write the summary `dlc train` leaves at a completed end of the fixture's run (2 learners, 6 steps)."""
+    summary = {
+        "status": "completed",
+        "steps": steps,
+        "tokens_total": 2 * 6 * 16 * 64,
+        "wall_s": 31.5,
+        "eval_loss_initial": 5.43,
+        "eval_loss_final": 3.21,
+        "eval_bpb_final": 4.63,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_resuming_a_completed_run_trains_nothing_and_says_how_to_train_further(run_copy, corpus):
+    """Every learner would restore, find its budget spent and stop: the engine is not started at all."""
+    completed_summary(run_copy)
+    before = snapshot(run_copy)
+    result = invoke("train", str(TINY), *train_overrides(corpus, run_copy))
+    assert result.exit_code == 0, result.stderr
+    assert "nothing to train" in result.stderr and "run.max_steps" in result.stderr and "--fresh" in result.stderr
+    assert "completed: 12,288 tokens in 31.5 s; eval loss 5.430 -> 3.210" in result.stderr
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "steps", "later_status"),
+    [
+        pytest.param(["run.max_steps=8"], 6.0, False, id="a-larger-budget"),
+        pytest.param([], 5.5, False, id="a-learner-short-of-it"),
+        pytest.param([], 6.0, True, id="a-later-resume-stopped-hard"),
+    ],
+)
+def test_a_completed_run_with_budget_left_resumes(extra, steps, later_status, run_copy, corpus):
+    completed_summary(run_copy, steps)
+    if later_status:  # status.json written after the summary: a resume since, which ended without one
+        later = (run_copy / "summary.json").stat().st_mtime + 5
+        os.utime(run_copy / "status.json", (later, later))
+    result = invoke("train", str(TINY), *replaced_overrides(train_overrides(corpus, run_copy), *extra))
+    assert isinstance(result.exception, ReachedCluster), result.stderr
 
 
 # Resources the cluster does not have: each refused within seconds (Ray would wait forever for them),

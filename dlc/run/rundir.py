@@ -31,6 +31,7 @@ from typing import Any, Protocol, TextIO
 
 import yaml
 
+from dlc.config.budget import Budget
 from dlc.config.load import dump_recipe
 from dlc.config.schema import Recipe
 from dlc.errors import UserError
@@ -50,6 +51,7 @@ from dlc.run.files import (
     TRACKERS_FILE,
     WANDB_DIR,
     jsonable,
+    read_json,
     syncer_journal_path,
     write_json_atomic,
 )
@@ -87,6 +89,23 @@ class Layout:
     storage: RunStorage  # where the checkpoints are
     resume: bool
     fresh: bool
+
+
+def completed_summary(path: Path, recipe: Recipe) -> dict[str, Any] | None:
+    """The summary of the run in `path` when it ended completed and `recipe`'s budget asks for no
+    more of it, else None. Resuming such a run would start the cluster and every learner only for
+    each to find its budget spent (and would add that time to the run's wall clock)."""
+    summary = read_json(path / SUMMARY_FILE)
+    if not summary or summary.get("status") != "completed":
+        return None
+    status = path / STATUS_FILE
+    if status.exists() and (path / SUMMARY_FILE).stat().st_mtime < status.stat().st_mtime - 1.0:
+        return None  # a later resume wrote status.json and ended without a summary (a hard stop)
+    try:
+        spent = Budget(recipe).progress(float(summary["steps"]), int(summary["tokens_total"]), float(summary["wall_s"]))
+    except (KeyError, TypeError, ValueError):  # a summary without these figures: resume as usual
+        return None
+    return summary if spent >= 1.0 else None
 
 
 class Claim:

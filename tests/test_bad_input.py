@@ -415,7 +415,7 @@ def test_a_healthy_run_directory_passes_every_check(damage, run_copy, corpus):
     assert snapshot(run_copy) == before  # the run had not started: nothing was written yet
 
 
-def completed_summary(run: Path, steps: float = 6.0) -> dict[str, Any]:
+def write_completed_summary(run: Path, steps: float = 6.0) -> dict[str, Any]:
     """Write the summary `dlc train` leaves at a completed end of the fixture's run (2 learners, 6 steps)."""
     summary = {
         "status": "completed",
@@ -432,7 +432,7 @@ def completed_summary(run: Path, steps: float = 6.0) -> dict[str, Any]:
 
 def test_resuming_a_completed_run_trains_nothing_and_says_how_to_train_further(run_copy, corpus):
     """Every learner would restore, find its budget spent and stop: the engine is not started at all."""
-    completed_summary(run_copy)
+    write_completed_summary(run_copy)
     before = snapshot(run_copy)
     result = invoke("train", str(TINY), *train_overrides(corpus, run_copy))
     assert result.exit_code == 0, result.stderr
@@ -450,7 +450,7 @@ def test_resuming_a_completed_run_trains_nothing_and_says_how_to_train_further(r
     ],
 )
 def test_a_completed_run_with_budget_left_resumes(extra, steps, later_status, run_copy, corpus):
-    completed_summary(run_copy, steps)
+    write_completed_summary(run_copy, steps)
     if later_status:  # status.json written after the summary: a resume since, which ended without one
         later = (run_copy / "summary.json").stat().st_mtime + 5
         os.utime(run_copy / "status.json", (later, later))

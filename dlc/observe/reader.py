@@ -28,6 +28,7 @@ from dlc.run.files import (
     SUMMARY_FILE,
     JsonlTail,
     read_json,
+    summary_superseded,
 )
 
 # A running run whose status.json is older than this has lost its driver (it rewrites ~1/s).
@@ -202,9 +203,7 @@ class RunReader:
         st, summary = self.status, read_json(self.path / SUMMARY_FILE)
         recipe = read_recipe(self.path)
         updated = _num(st.get("updated_at"))
-        # A resumed run keeps the previous summary until it ends: only a summary at least as new
-        # as status.json describes the current state.
-        if summary is not None and st and _mtime(self.path / SUMMARY_FILE) < _mtime(self.path / STATUS_FILE) - 1.0:
+        if summary is not None and st and summary_superseded(self.path):
             summary = None
         state = str((summary or {}).get("status") or st.get("state") or ("starting" if not st else "unknown"))
         age = None if updated is None else max(0.0, now - updated)
@@ -376,10 +375,3 @@ def _badput(source: dict[str, Any]) -> dict[str, float]:
     """Seconds lost per bucket, under either name the driver may use."""
     raw = source.get("badput") or source.get("badput_s") or {}
     return {str(k): float(v) for k, v in raw.items() if _num(v)} if isinstance(raw, dict) else {}
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0

@@ -102,6 +102,20 @@ def _touched(path: Path) -> float:
     return max(p.stat().st_mtime for p in (path, path / STATUS_FILE, path / RECIPE_FILE) if p.exists())
 
 
+def summary_superseded(run_dir: Path) -> bool:
+    """Whether summary.json describes an earlier start of the run than status.json does: a resumed run
+    keeps the previous summary until it ends (and keeps it after a hard stop, which writes none), so
+    only a summary at least as new as status.json (within a second) describes the current state."""
+
+    def mtime(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return mtime(run_dir / SUMMARY_FILE) < mtime(run_dir / STATUS_FILE) - 1.0
+
+
 # -- JSON files --------------------------------------------------------------------------------
 
 

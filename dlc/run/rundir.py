@@ -52,6 +52,7 @@ from dlc.run.files import (
     WANDB_DIR,
     jsonable,
     read_json,
+    summary_superseded,
     syncer_journal_path,
     write_json_atomic,
 )
@@ -98,8 +99,7 @@ def completed_summary(path: Path, recipe: Recipe) -> dict[str, Any] | None:
     summary = read_json(path / SUMMARY_FILE)
     if not summary or summary.get("status") != "completed":
         return None
-    status = path / STATUS_FILE
-    if status.exists() and (path / SUMMARY_FILE).stat().st_mtime < status.stat().st_mtime - 1.0:
+    if summary_superseded(path):
         return None  # a later resume wrote status.json and ended without a summary (a hard stop)
     try:
         spent = Budget(recipe).progress(float(summary["steps"]), int(summary["tokens_total"]), float(summary["wall_s"]))

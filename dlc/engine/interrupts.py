@@ -72,7 +72,12 @@ class Interrupts:
         sys.unraisablehook = self._previous_hook
 
     def training(self) -> None:
+        """The run trains: the next Ctrl-C asks for a clean stop. One that came while it started and
+        was swallowed on its way out (a library that clears a pending exception, never reaching
+        `_unraisable`) asks for it now: reaching here with a signal seen means nothing raised it."""
         self._mode = "training"
+        if self.signum is not None:
+            self.requested = True
 
     def hold(self) -> None:
         self._mode = "held"
@@ -98,4 +103,10 @@ class Interrupts:
         if not isinstance(unraisable.exc_value, KeyboardInterrupt):
             self._previous_hook(unraisable)
         elif self._mode == "starting":  # from another thread, a moment later: out of the callback
-            threading.Timer(0.01, os.kill, (os.getpid(), self.signum or signal.SIGINT)).start()
+            threading.Timer(0.01, self._deliver_again).start()
+
+    def _deliver_again(self) -> None:
+        """Send the dropped signal again, if the run still starts: once it trains, `training` has
+        asked for the stop already, and a second signal would cut it short."""
+        if self._mode == "starting":
+            os.kill(os.getpid(), self.signum or signal.SIGINT)

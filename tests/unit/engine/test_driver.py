@@ -2,6 +2,7 @@
 
 The whole flow on the real CLI, with Ctrl-C pressed again and again, is in tests/e2e/test_interrupt_resume.py."""
 
+import contextlib
 import gc
 import json
 import os
@@ -119,6 +120,29 @@ def test_an_interrupt_lost_in_a_garbage_collection_callback_while_starting_is_de
     finally:
         gc.callbacks.remove(callback)
     assert fired and "Traceback" not in capsys.readouterr().err
+
+
+def test_a_ctrl_c_of_the_start_that_something_swallowed_stops_the_run_cleanly_once_it_trains():
+    """A library that clears a pending exception loses the interrupt without a trace: the run that
+    starts anyway must not train on as if Ctrl-C had never been pressed."""
+    with Interrupts() as interrupts:
+        with contextlib.suppress(KeyboardInterrupt):  # swallowed on its way out of the start
+            ctrl_c()
+        assert not interrupts.requested
+        interrupts.training()
+        assert interrupts.requested and interrupts.exit_code == 130
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()  # the next one is a second Ctrl-C: it interrupts at once
+
+
+def test_an_interrupt_dropped_while_starting_is_not_sent_again_once_the_run_trains():
+    """The re-sent signal of a dropped interrupt would be a second Ctrl-C to a run that trains."""
+    with Interrupts() as interrupts:
+        interrupts.signum = signal.SIGINT  # the dropped one
+        interrupts.training()
+        interrupts._deliver_again()
+        time.sleep(0.05)
+        assert interrupts.requested  # the stop asked for, and no interrupt raised
 
 
 @pytest.mark.parametrize(

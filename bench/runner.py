@@ -244,8 +244,27 @@ def this_machine() -> str:
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
             ).stdout.split("\n")
             gpus = ", ".join(name.strip() for name in listed if name.strip())
-    cpu = platform.processor() or platform.machine()
-    return f"{platform.node()} ({os.cpu_count()} CPUs, {cpu}; {gpus or 'no GPU'})"
+    return f"{platform.node()} ({os.cpu_count()} CPUs, {processor()}; {gpus or 'no GPU'})"
+
+
+def processor() -> str:
+    """The architecture, the processor's model and its widest vector extension where Linux says
+    (/proc/cpuinfo). XLA compiles for them: the same seeded run on an AVX-512 host and an AVX2
+    one rounds differently, and a chaotic loss curve carries that to the end (up to 1-2% a seed
+    on the twin), so figures from two machines pair only seed against seed on the same one."""
+    arch = platform.processor() or platform.machine()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return arch
+    fields: dict[str, str] = {}
+    for line in info.splitlines():  # the first processor's; "key<tabs>: value"
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    model = fields.get("model name", "")
+    flags = set(fields.get("flags", "").split())
+    vector = next((name for name in ("avx512f", "avx2", "avx") if name in flags), "")
+    return ", ".join(part for part in (arch, model, vector.removesuffix("f").upper()) if part)
 
 
 def gap_plot(series: dict[str, list[tuple[float, list[float]]]], out: Path, title: str, xlabel: str) -> None:

@@ -16,7 +16,9 @@ The protocol (arXiv 2503.09799 and 2501.18512, scaled down to 2 cores):
 - the inner learning rate is warm-up then cosine, swept per arm and per size over `--lr-points`
   points of a sqrt(2) grid around the recipe's, and the best mean over the seeds is kept;
 - every seed is paired: the same initialisation and data order for every arm; the table gives the
-  mean of the paired differences to data-parallel and their range;
+  mean of the paired differences to data-parallel, their standard deviation and their range, and
+  `sizes` over three sizes or more the slope of the gap per doubling of the parameters, with its
+  95% confidence interval;
 - the loss is the syncer's global model after the final flush.
 
 `sizes` runs data-parallel, decoupled M=4 (the recipe's defaults), M=1 with the default outer step
@@ -212,12 +214,43 @@ def paired_diffs(values: dict[int, float], reference: dict[int, float]) -> list[
 
 
 def paired(values: dict[int, float], reference: dict[int, float]) -> str:
-    """Mean and range of each seed's loss against the reference's of the same seed."""
+    """Mean, standard deviation (from three seeds) and range of each seed's loss against the
+    reference's of the same seed."""
     diffs = paired_diffs(values, reference)
     if not diffs:
         return "-"
-    spread = f" ({min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f})" if len(diffs) > 1 else ""
+    sd = f"sd {statistics.stdev(diffs) * 100:.2f}; " if len(diffs) > 2 else ""
+    spread = f" ({sd}{min(diffs) * 100:+.1f} to {max(diffs) * 100:+.1f})" if len(diffs) > 1 else ""
     return f"{statistics.fmean(diffs) * 100:+.2f}%{spread}"
+
+
+def trend(data: dict[str, Any]) -> str:
+    """Whether an arm's gap grows with the size: the least-squares slope of its seeds' paired gaps
+    against log2 of the parameter count, in points per doubling, with its 95% confidence interval
+    (Student's t; each seed of each size one point). Sizes mode, over three sizes or more."""
+    from scipy import stats  # JAX's own dependency
+
+    meta, runs = data["meta"], data["runs"]
+    if meta["mode"] != "sizes":
+        return ""
+    lines = []
+    for arm in meta["arms"]:
+        points = []
+        for size in meta["sizes"]:
+            if arm["dp"] or not (trained(runs, size["name"], arm["label"]) and trained(runs, size["name"], DP.label)):
+                continue
+            gaps = paired_diffs(best(runs, size["name"], arm["label"])[1], best(runs, size["name"], DP.label)[1])
+            points += [(math.log2(size["params"]), 100 * gap) for gap in gaps]
+        sizes = len({x for x, _ in points})
+        if sizes < 3:
+            continue
+        fit = stats.linregress(*zip(*points, strict=True))
+        half = stats.t.ppf(0.975, len(points) - 2) * fit.stderr
+        lines.append(
+            f"{arm['label']}: the gap changes by {fit.slope:+.2f} points per doubling of the parameters "
+            f"(95% CI {fit.slope - half:+.2f} to {fit.slope + half:+.2f}; {len(points)} paired seeds, {sizes} sizes)"
+        )
+    return "".join(f"\n{line}.\n" for line in lines)
 
 
 def trained(runs: list[dict[str, Any]], size: str, arm: str) -> bool:
@@ -318,10 +351,12 @@ def table(data: dict[str, Any]) -> str:
         f"seeds {', '.join(map(str, meta['seeds']))} (paired: the same initialisation and data order in every arm), "
         f"{swept(meta)}, best mean kept. "
         f"{sizes}. Losses are nats per byte of the global model after the final flush; a paired difference is the "
-        f"mean over the seeds of each seed's loss against the reference's of the same seed, with its range; the "
+        f"mean over the seeds of each seed's loss against the reference's of the same seed, with their standard "
+        f"deviation and range; the "
         f"cosine is between one round's merged outer gradient of a fragment and its round before, averaged.\n\n"
         + "\n".join(lines)
         + f"\n\nArms: {notes}.\n"
+        + trend(data)
         + cli
     )
 
@@ -511,6 +546,7 @@ def merge(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
                 if not same:
                     meta[key].append(item)
         meta["lrs"] = sorted({*meta["lrs"], *sweep["meta"]["lrs"]})
+        meta["seeds"] = sorted({*meta["seeds"], *sweep["meta"]["seeds"]})
         for r in sweep["runs"]:
             runs[(r["size"], r["arm"], r["lr"], r["seed"])] = r
         for row in sweep.get("cli", []):

@@ -249,9 +249,9 @@ def this_machine() -> str:
 
 def processor() -> str:
     """The architecture, the processor's model and its widest vector extension where Linux says
-    (/proc/cpuinfo). XLA compiles for them: the same seeded run on an AVX-512 host and an AVX2
-    one rounds differently, and a chaotic loss curve carries that to the end (up to 1-2% a seed
-    on the twin), so figures from two machines pair only seed against seed on the same one."""
+    (/proc/cpuinfo). XLA compiles for them, so the same seeded run may round differently on two
+    hosts, and a chaotic loss curve carries that to the end (the twin's runs moved by up to 2% a
+    seed between two hosts): pair figures seed by seed on one host only."""
     arch = platform.processor() or platform.machine()
     try:
         info = Path("/proc/cpuinfo").read_text()

@@ -230,17 +230,11 @@ def trend(data: dict[str, Any]) -> str:
     (Student's t; each seed of each size one point). Sizes mode, over three sizes or more."""
     from scipy import stats  # JAX's own dependency
 
-    meta, runs = data["meta"], data["runs"]
-    if meta["mode"] != "sizes":
+    if data["meta"]["mode"] != "sizes":
         return ""
     lines = []
-    for arm in meta["arms"]:
-        points = []
-        for size in meta["sizes"]:
-            if arm["dp"] or not (trained(runs, size["name"], arm["label"]) and trained(runs, size["name"], DP.label)):
-                continue
-            gaps = paired_diffs(best(runs, size["name"], arm["label"])[1], best(runs, size["name"], DP.label)[1])
-            points += [(math.log2(size["params"]), 100 * gap) for gap in gaps]
+    for arm, by_size in arm_gaps(data):
+        points = [(math.log2(size["params"]), 100 * gap) for size, gaps in by_size for gap in gaps]
         sizes = len({x for x, _ in points})
         if sizes < 3:
             continue
@@ -251,6 +245,23 @@ def trend(data: dict[str, Any]) -> str:
             f"(95% CI {fit.slope - half:+.2f} to {fit.slope + half:+.2f}; {len(points)} paired seeds, {sizes} sizes)"
         )
     return "".join(f"\n{line}.\n" for line in lines)
+
+
+def arm_gaps(data: dict[str, Any]) -> list[tuple[dict[str, Any], list[tuple[dict[str, Any], list[float]]]]]:
+    """Each arm but data-parallel, with its paired gaps (fractions, by seed) at every size where both
+    were trained, its best lr against data-parallel's."""
+    meta, runs = data["meta"], data["runs"]
+    out = []
+    for arm in meta["arms"]:
+        if arm["dp"]:
+            continue
+        by_size = [
+            (size, paired_diffs(best(runs, size["name"], arm["label"])[1], best(runs, size["name"], DP.label)[1]))
+            for size in meta["sizes"]
+            if trained(runs, size["name"], arm["label"]) and trained(runs, size["name"], DP.label)
+        ]
+        out.append((arm, by_size))
+    return out
 
 
 def trained(runs: list[dict[str, Any]], size: str, arm: str) -> bool:
@@ -273,15 +284,8 @@ def plot(data: dict[str, Any], out: Path) -> None:
     meta, runs = data["meta"], data["runs"]
     tokens = meta["mode"] == "tokens"
     series: dict[str, list[tuple[float, list[float]]]] = {}
-    for arm in meta["arms"]:
-        if arm["dp"]:
-            continue
-        for size in meta["sizes"]:
-            if not (trained(runs, size["name"], arm["label"]) and trained(runs, size["name"], DP.label)):
-                continue
-            _, dp = best(runs, size["name"], DP.label)
-            _, losses = best(runs, size["name"], arm["label"])
-            gaps = paired_diffs(losses, dp)
+    for arm, by_size in arm_gaps(data):
+        for size, gaps in by_size:
             if tokens:  # one line per size and arm: the budgets of one size, H = P as at --c
                 label = f"{arm['label']}, {size['params']:,} parameters, H = {size['H']}"
                 series.setdefault(label, []).append((size["c"], gaps))

@@ -1,6 +1,7 @@
 """How the gap to data-parallel forms during a run, and the gradient noise it forms in.
 
     python bench/dynamics.py [--sizes w32:model.width=32,w48:model.width=48] [--c 10] [--seeds 0,1,2] [--lr 0.00424264]
+    python bench/dynamics.py --only data-parallel --H 5 --sizes ...   # the noise scale alone, by size
 
 For each size under bench/quality.py's protocol (c tokens per parameter, the global batch split over
 four learners, H = P, warm-up then cosine), each seed trains data-parallel and decoupled M=4 (the
@@ -14,7 +15,7 @@ is not one step on K times the batch.
 
 The table gives, at each point, the mean over the seeds of both losses, the paired gap with its
 range, B_simple (its estimates summed over the seeds before the ratio is taken) and a learner's
-batch against it.
+batch against it. `--only data-parallel` trains data-parallel alone (B_simple without the gap).
 """
 
 from __future__ import annotations
@@ -100,11 +101,17 @@ def train_m4(overrides: list[str], tokens: int, points: list[int]) -> dict[str, 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from dlc.config.load import load_recipe
+    from dlc.errors import UserError
 
     base = load_recipe(runner.REPO / RECIPE)
     sizes = parse_sizes(args.sizes)
     small = args.global_batch // 4
     seeds = [int(s) for s in args.seeds.split(",")]
+    arms = tuple(arm for arm in (DP, M4) if not args.only or arm.label == args.only)
+    if not arms:
+        raise UserError(f"--only {args.only!r}: no such arm; the arms are {[DP.label, M4.label]}")
+    if args.H < 0:
+        raise UserError(f"--H {args.H}: H is a number of steps, at least 1 (or 0 for each size's own)")
     data: dict[str, Any] = {
         "meta": {
             **asdict(runner.Provenance.here("python bench/dynamics.py " + shlex.join(sys.argv[1:]))),
@@ -121,11 +128,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     jobs = {}
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
         for size in sizes:
-            plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len)
+            plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len, H=args.H)
             data["meta"]["sizes"].append(vars(size))
             points = sorted({max(1, round(size.steps * (k + 1) / args.points)) for k in range(args.points)})
             for seed in seeds:
-                for arm in (DP, M4):
+                for arm in arms:
                     overrides = arm_overrides(arm, size, args.global_batch, args.lr, seed)
                     if arm.dp:
                         future = pool.submit(train_dp, overrides, size.tokens, points, small)
@@ -151,19 +158,24 @@ def table(data: dict[str, Any]) -> str:
     ]
     for size in meta["sizes"]:
         runs = {(r["arm"], r["seed"]): r["curve"] for r in data["runs"] if r["size"] == size["name"]}
-        seeds = sorted(seed for arm, seed in runs if arm == DP.label and (M4.label, seed) in runs)
+        seeds = sorted(seed for arm, seed in runs if arm == DP.label)
+        paired = [s for s in seeds if (M4.label, s) in runs]  # data-parallel alone (--only): no gap
         for k, point in enumerate(runs[(DP.label, seeds[0])]):
             dp = [runs[(DP.label, s)][k] for s in seeds]
-            m4 = [runs[(M4.label, s)][k]["loss"] for s in seeds]
-            gaps = [m / d["loss"] - 1 for m, d in zip(m4, dp, strict=True)]
+            if paired:
+                m4 = [runs[(M4.label, s)][k]["loss"] for s in paired]
+                gaps = [m / runs[(DP.label, s)][k]["loss"] - 1 for m, s in zip(m4, paired, strict=True)]
+                gap = (
+                    f"{statistics.fmean(m4):.4f} | {statistics.fmean(gaps) * 100:+.2f}% "
+                    f"({min(gaps) * 100:+.1f} to {max(gaps) * 100:+.1f})"
+                )
+            else:
+                gap = "- | -"
             signal, trace = sum(d["signal"] for d in dp), sum(d["trace"] for d in dp)
             # Both terms are differences of noisy estimates: one at or below 0 measured nothing.
             noise = f"{trace / signal:.0f} | {small * signal / trace:.2f}" if signal > 0 and trace > 0 else "- | -"
-            lines.append(
-                f"| {size['name']} | {point['step']} | {statistics.fmean(d['loss'] for d in dp):.4f} | "
-                f"{statistics.fmean(m4):.4f} | {statistics.fmean(gaps) * 100:+.2f}% "
-                f"({min(gaps) * 100:+.1f} to {max(gaps) * 100:+.1f}) | {noise} |"
-            )
+            loss = statistics.fmean(d["loss"] for d in dp)
+            lines.append(f"| {size['name']} | {point['step']} | {loss:.4f} | {gap} | {noise} |")
     sizes = "; ".join(
         f"{s['name']}: {s['params']:,} parameters, {s['steps']} steps, H = P = {s['H']}" for s in meta["sizes"]
     )
@@ -181,16 +193,27 @@ def main() -> None:
     ap.add_argument("--sizes", default="w32:model.width=32,w48:model.width=48")
     ap.add_argument("--c", type=float, default=10.0, help="tokens per parameter at every size")
     ap.add_argument("--rounds", type=int, default=50, help="outer rounds per fragment, at least")
+    ap.add_argument("--H", type=int, default=0, help="hold H = P at this at every size (default: by --rounds)")
     ap.add_argument("--global-batch", type=int, default=32, help="sequences per step, all learners together")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--lr", type=float, default=0.00424264, help="the inner lr of both arms")
     ap.add_argument("--points", type=int, default=8, help="evaluations along each run")
+    ap.add_argument("--only", help=f"train only this arm: {DP.label!r} or {M4.label!r}")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", help="directory for dynamics.json (default: a new temp dir)")
     ap.add_argument("--from-json", help="render the table from a dynamics.json instead of training")
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
     args = ap.parse_args()
-    data = json.loads(Path(args.from_json).read_text()) if args.from_json else measure(args)
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+    else:
+        from dlc.errors import UserError
+
+        try:
+            data = measure(args)
+        except UserError as exc:  # a bad --sizes, --only or --H: refused before anything trains
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     text = table(data)
     print(text)
     provenance = runner.Provenance.of(data["meta"])

@@ -149,11 +149,13 @@ class Size:
 
 
 def parse_sizes(text: str) -> list[Size]:
+    from dlc.errors import UserError
+
     sizes = []
     for item in text.split(","):
         name, sep, body = item.partition(":")
         if not sep:
-            raise SystemExit(f"--sizes: {item!r} is not NAME:OVERRIDE[;OVERRIDE...]")
+            raise UserError(f"--sizes: {item!r} is not NAME:OVERRIDE[;OVERRIDE...]")
         sizes.append(Size(name, [o for o in body.split(";") if o]))
     return sizes
 

@@ -411,7 +411,7 @@ def main() -> None:
     ap.add_argument(
         "--plot",
         help="the plot of each arm's gap, with several sizes (default docs/assets/quality-sizes.png; tokens "
-        "mode: docs/assets/quality-tokens.png)",
+        "mode: docs/assets/quality-tokens.png; with --out, beside it: OUT with .png)",
     )
     args = ap.parse_args()
     if args.from_json:
@@ -439,7 +439,8 @@ def main() -> None:
     text = table(data)
     mode = data["meta"]["mode"]
     if mode in PLOTS and len(data["meta"]["sizes"]) > 1:
-        shown = Path(args.plot or PLOTS[mode]).resolve()
+        # A table kept out of bench/RESULTS.md keeps its plot out of the docs too.
+        shown = Path(args.plot or (Path(args.out).with_suffix(".png") if args.out else PLOTS[mode])).resolve()
         plot(data, shown)
         where = shown.relative_to(runner.REPO) if shown.is_relative_to(runner.REPO) else shown
         against = "the tokens per parameter" if mode == "tokens" else "the parameter count"

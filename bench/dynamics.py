@@ -149,6 +149,37 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def noise_scale(points: list[dict[str, Any]]) -> float | None:
+    """B_simple from the estimates at `points` summed before the ratio is taken; None if either sum
+    is at or below 0 (both are differences of noisy estimates: such a sum measured nothing)."""
+    signal, trace = sum(p["signal"] for p in points), sum(p["trace"] for p in points)
+    return trace / signal if signal > 0 and trace > 0 else None
+
+
+def by_halves(data: dict[str, Any]) -> str:
+    """Each size's noise scale over the first and the second half of its points, and by seed."""
+    small = data["meta"]["global_batch"] // 4
+    lines = [
+        "| size | parameters | B_simple, first half | B_simple, second half (seeds) | a learner's batch / it |",
+        "|---|---|---|---|---|",
+    ]
+
+    def shown(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    for size in data["meta"]["sizes"]:
+        curves = sorted(
+            (r["seed"], r["curve"]) for r in data["runs"] if r["size"] == size["name"] and r["arm"] == DP.label
+        )
+        half = len(curves[0][1]) // 2
+        first = noise_scale([p for _, c in curves for p in c[:half]])
+        second = noise_scale([p for _, c in curves for p in c[half:]])
+        seeds = " / ".join(shown(noise_scale(c[half:])) for _, c in curves)
+        ratio = "-" if second is None else f"{small / second:.2f}"
+        lines.append(f"| {size['name']} | {size['params']:,} | {shown(first)} | {shown(second)} ({seeds}) | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def table(data: dict[str, Any]) -> str:
     meta = data["meta"]
     small = meta["global_batch"] // 4
@@ -171,9 +202,8 @@ def table(data: dict[str, Any]) -> str:
                 )
             else:
                 gap = "- | -"
-            signal, trace = sum(d["signal"] for d in dp), sum(d["trace"] for d in dp)
-            # Both terms are differences of noisy estimates: one at or below 0 measured nothing.
-            noise = f"{trace / signal:.0f} | {small * signal / trace:.2f}" if signal > 0 and trace > 0 else "- | -"
+            scale = noise_scale(dp)
+            noise = "- | -" if scale is None else f"{scale:.0f} | {small / scale:.2f}"
             loss = statistics.fmean(d["loss"] for d in dp)
             lines.append(f"| {size['name']} | {point['step']} | {loss:.4f} | {gap} | {noise} |")
     sizes = "; ".join(
@@ -184,7 +214,8 @@ def table(data: dict[str, Any]) -> str:
         f"inner lr {meta['lr']:g}, seeds {', '.join(map(str, meta['seeds']))}; {sizes}. Eval loss in nats per byte, "
         "the mean over the seeds; M=4's is the global model's (its last point after the final flush).\n\n"
         + "\n".join(lines)
-        + "\n"
+        + "\n\nThe noise scale by size, its estimates summed over the seeds and the points of each half of the run:\n\n"
+        + by_halves(data)
     )
 
 

@@ -15,7 +15,9 @@ is not one step on K times the batch.
 
 The table gives, at each point, the mean over the seeds of both losses, the paired gap with its
 range, B_simple (its estimates summed over the seeds before the ratio is taken) and a learner's
-batch against it. `--only data-parallel` trains data-parallel alone (B_simple without the gap).
+batch against it; a second table gives each size's B_simple over the first and the second half of
+the run (one point's estimate scatters by up to 2x). `--only data-parallel` trains data-parallel
+alone (B_simple without the gap).
 """
 
 from __future__ import annotations

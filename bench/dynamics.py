@@ -240,13 +240,8 @@ def main() -> None:
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
     else:
-        from dlc.errors import UserError
-
-        try:
+        with runner.refusing_bad_input():  # a bad --sizes, --only or --H
             data = measure(args)
-        except UserError as exc:  # a bad --sizes, --only or --H: refused before anything trains
-            print(f"error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
     text = table(data)
     print(text)
     provenance = runner.Provenance.of(data["meta"])

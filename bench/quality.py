@@ -423,13 +423,8 @@ def main() -> None:
             data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json[0]).resolve().parent)
             save(data, Path(args.from_json[0]))
     else:
-        from dlc.errors import UserError
-
-        try:
+        with runner.refusing_bad_input():  # a bad --sizes, --arm, --only or --H
             data = measure(args)
-        except UserError as exc:  # a bad --sizes, --arm or --H: refused before anything trains
-            print(f"error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
     title = {
         "sizes": "by model size",
         "ladder": "the ladder",

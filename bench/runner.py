@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +43,19 @@ def say(message: str) -> None:
     """A progress line on stderr, stamped with the bench's elapsed time."""
     elapsed = int(time.monotonic() - _T0)
     print(f"[{elapsed // 60:3d}m{elapsed % 60:02d}s] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def refusing_bad_input() -> Iterator[None]:
+    """A bad option that a bench's checks refuse (dlc's UserError, raised before anything trains)
+    ends the bench with one `error:` line and exit status 2, as dlc's own commands do."""
+    from dlc.errors import UserError
+
+    try:
+        yield
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -463,6 +463,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         extra = tuple(o for o in body.split(";") if o)
         layered = tuple(replaced_overrides(list(last.overrides), *extra))
         arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
+        # Which arm it layers on depends on the mode: say it, since that arm's count and overrides come too.
+        say(f"arm {label!r}: {last.label!r} ({last.count} learners) with {' '.join(layered) or 'no overrides'}")
     if args.only:
         unknown = [label for label in args.only if label not in {arm.label for arm in arms}]
         if unknown:

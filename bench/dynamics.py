@@ -191,8 +191,9 @@ def table(data: dict[str, Any]) -> str:
     ]
     for size in meta["sizes"]:
         runs = {(r["arm"], r["seed"]): r["curve"] for r in data["runs"] if r["size"] == size["name"]}
-        seeds = sorted(seed for arm, seed in runs if arm == DP.label)
-        paired = [s for s in seeds if (M4.label, s) in runs]  # data-parallel alone (--only): no gap
+        alone = sorted(seed for arm, seed in runs if arm == DP.label)
+        paired = [s for s in alone if (M4.label, s) in runs]
+        seeds = paired or alone  # data-parallel alone (--only): no gap
         for k, point in enumerate(runs[(DP.label, seeds[0])]):
             dp = [runs[(DP.label, s)][k] for s in seeds]
             if paired:

@@ -435,7 +435,8 @@ def main() -> None:
     mode = data["meta"]["mode"]
     if mode in PLOTS and len(data["meta"]["sizes"]) > 1:
         # A table kept out of bench/RESULTS.md keeps its plot out of the docs too.
-        shown = Path(args.plot or (Path(args.out).with_suffix(".png") if args.out else PLOTS[mode])).resolve()
+        apart = args.out and Path(args.out).resolve() != Path(runner.RESULTS).resolve()
+        shown = Path(args.plot or (Path(args.out).with_suffix(".png") if apart else PLOTS[mode])).resolve()
         plot(data, shown)
         where = shown.relative_to(runner.REPO) if shown.is_relative_to(runner.REPO) else shown
         against = "the tokens per parameter" if mode == "tokens" else "the parameter count"

@@ -164,6 +164,10 @@ def plan_size(size: Size, c: float, global_batch: int, min_rounds: int, seq_len:
     """Tokens, steps and H of a size under the protocol (H as given, where it is)."""
     from dlc.config.load import load_recipe
     from dlc.core.abstract import param_count
+    from dlc.errors import UserError
+
+    if H < 0:
+        raise UserError(f"--H {H}: H is a number of steps, at least 1 (or 0 for each size's own)")
 
     size.params = param_count(load_recipe(runner.REPO / RECIPE, size.overrides).model)
     size.c = c
@@ -472,8 +476,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--only {unknown[0]!r}: no such arm; the arms are {[arm.label for arm in arms]}")
         arms = tuple(arm for arm in arms if arm.label in args.only)
     sizes = parse_sizes(args.sizes)
-    if args.H < 0:
-        raise UserError(f"--H {args.H}: H is a number of steps, at least 1 (or 0 for each size's own)")
     for size in sizes:
         plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len, H=args.H)
         if args.H and size.steps // size.H < args.rounds:

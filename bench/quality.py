@@ -275,12 +275,17 @@ def trained(runs: list[dict[str, Any]], size: str, arm: str) -> bool:
 
 
 def best(runs: list[dict[str, Any]], size: str, arm: str) -> tuple[float, dict[int, float]]:
-    """The lr with the lowest mean loss over the seeds, and its loss by seed."""
+    """The lr with the lowest mean loss over the seeds, and its loss by seed (every seed it has).
+
+    Where some lrs have more seeds than others (more seeds trained at the chosen lr only), the lrs
+    are compared on the seeds they all have (each on its own where they share none): a harder
+    extra seed must not move the choice."""
     by_lr: dict[float, dict[int, float]] = {}
     for r in runs:
         if r["size"] == size and r["arm"] == arm:
             by_lr.setdefault(r["lr"], {})[r["seed"]] = r["loss"]
-    lr = min(by_lr, key=lambda k: statistics.fmean(by_lr[k].values()))
+    common = set.intersection(*(set(losses) for losses in by_lr.values()))
+    lr = min(by_lr, key=lambda k: statistics.fmean(by_lr[k][s] for s in (common or by_lr[k])))
     return lr, by_lr[lr]
 
 

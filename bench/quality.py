@@ -467,9 +467,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS, "tokens": SIZES_ARMS[:2]}.get(args.mode) or learner_arms(
         [int(m) for m in args.counts.split(",")]
     )
+    last = arms[-1]  # every --arm layers on this one, not on the --arm before it
     for text in args.arm:  # on top of the mode's last arm: a candidate beside today's defaults
         label, _, body = text.partition(":")
-        last = arms[-1]
         extra = tuple(o for o in body.split(";") if o)
         layered = tuple(replaced_overrides(list(last.overrides), *extra))
         arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))

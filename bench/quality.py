@@ -459,6 +459,21 @@ def main() -> None:
     runner.record(heading, provenance, text, args.out or runner.RESULTS)
 
 
+def with_candidates(arms: tuple[Arm, ...], texts: list[str]) -> tuple[Arm, ...]:
+    """The mode's arms and one more for each `--arm LABEL:KEY=VALUE[;KEY=VALUE...]`: the mode's last arm
+    (today's defaults in most modes) with those overrides on top, each on that arm alone, not on the
+    candidate before it."""
+    last = arms[-1]
+    for text in texts:
+        label, _, body = text.partition(":")
+        extra = tuple(o for o in body.split(";") if o)
+        layered = tuple(replaced_overrides(list(last.overrides), *extra))
+        arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
+        # Which arm it layers on depends on the mode: say it, since that arm's count and overrides come too.
+        say(f"arm {label!r}: {last.label!r} ({last.count} learners) with {' '.join(layered) or 'no overrides'}")
+    return arms
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from dlc.config.load import load_recipe
     from dlc.errors import UserError
@@ -467,14 +482,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS, "tokens": SIZES_ARMS[:2]}.get(args.mode) or learner_arms(
         [int(m) for m in args.counts.split(",")]
     )
-    last = arms[-1]  # every --arm layers on this one, not on the --arm before it
-    for text in args.arm:  # on top of the mode's last arm: a candidate beside today's defaults
-        label, _, body = text.partition(":")
-        extra = tuple(o for o in body.split(";") if o)
-        layered = tuple(replaced_overrides(list(last.overrides), *extra))
-        arms = (*arms, Arm(label, layered, last.count, last.dp, last.out_of_phase, body))
-        # Which arm it layers on depends on the mode: say it, since that arm's count and overrides come too.
-        say(f"arm {label!r}: {last.label!r} ({last.count} learners) with {' '.join(layered) or 'no overrides'}")
+    arms = with_candidates(arms, args.arm)
     if args.only:
         unknown = [label for label in args.only if label not in {arm.label for arm in arms}]
         if unknown:

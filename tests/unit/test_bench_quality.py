@@ -52,3 +52,24 @@ def test_a_size_without_its_override_is_refused_as_bad_input(text):
 
     with pytest.raises(UserError, match="is not NAME:OVERRIDE"):
         quality.parse_sizes(text)
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "kind", "match"),
+    [
+        ("--cs", "x,20", float, "give float values separated by commas"),
+        ("--seeds", "0,one", int, "give int values separated by commas"),
+        ("--lr-grid", "0.003,-1", float, "every value must be a positive number"),
+        ("--counts", "0", int, "every value must be a positive number"),
+    ],
+)
+def test_a_list_option_that_is_not_numbers_is_refused_as_bad_input(flag, text, kind, match):
+    from dlc.errors import UserError
+
+    with pytest.raises(UserError, match=match):
+        quality.parse_list(flag, text, kind)
+
+
+def test_a_list_option_gives_its_numbers():
+    assert quality.parse_list("--seeds", "0,1,2", int) == [0, 1, 2]
+    assert quality.parse_list("--lr-grid", "0.003,6e-3", float) == [0.003, 0.006]

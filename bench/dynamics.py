@@ -107,7 +107,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     base = load_recipe(runner.REPO / RECIPE)
     sizes = parse_sizes(args.sizes)
     small = args.global_batch // 4
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = runner.numbers("--seeds", args.seeds, int, positive=False)
     arms = tuple(arm for arm in (DP, M4) if not args.only or arm.label == args.only)
     data: dict[str, Any] = {
         "meta": {
@@ -236,7 +236,7 @@ def main() -> None:
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
     else:
-        with runner.refusing_bad_input():  # a bad --sizes, --only or --H
+        with runner.refusing_bad_input():  # a bad --sizes, --only, --H or --seeds
             data = measure(args)
     text = table(data)
     print(text)

@@ -160,19 +160,6 @@ def parse_sizes(text: str) -> list[Size]:
     return sizes
 
 
-def parse_list(flag: str, text: str, kind: type[int] | type[float]) -> list[Any]:
-    """A comma-separated option's numbers; anything else is bad input (one line, exit 2)."""
-    from dlc.errors import UserError
-
-    try:
-        values = [kind(item) for item in text.split(",")]
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: give {kind.__name__} values separated by commas, as in {flag} 1,2") from None
-    if any(not math.isfinite(v) or v <= 0 for v in values) and flag != "--seeds":
-        raise UserError(f"{flag} {text!r}: every value must be a positive number")
-    return values
-
-
 def plan_size(size: Size, c: float, global_batch: int, min_rounds: int, seq_len: int, H: int = 0) -> None:
     """Tokens, steps and H of a size under the protocol (H as given, where it is)."""
     from dlc.config.load import load_recipe
@@ -445,7 +432,7 @@ def main() -> None:
             data["cli"] = cli_rows(data, args.cli_arm, Path(args.from_json[0]).resolve().parent)
             save(data, Path(args.from_json[0]))
     else:
-        with runner.refusing_bad_input():  # a bad --sizes, --arm, --only or --H
+        with runner.refusing_bad_input():  # a bad --sizes, --arm, --only, --H or list of numbers
             data = measure(args)
     title = {
         "sizes": "by model size",
@@ -493,7 +480,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     base = load_recipe(runner.REPO / RECIPE)
     arms = {"sizes": SIZES_ARMS, "ladder": LADDER_ARMS, "tokens": SIZES_ARMS[:2]}.get(args.mode) or learner_arms(
-        parse_list("--counts", args.counts, int)
+        runner.numbers("--counts", args.counts, int)
     )
     arms = with_candidates(arms, args.arm)
     if args.only:
@@ -512,13 +499,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode == "tokens":  # each size at each budget, H as at --c: the rounds grow with the tokens
         budgets = []
         for size in sizes:
-            for c in parse_list("--cs", args.cs, float):
+            for c in runner.numbers("--cs", args.cs, float):
                 budget = Size(f"{size.name} c{c:g}", size.overrides)
                 plan_size(budget, c, args.global_batch, args.rounds, base.learners.seq_len, H=size.H)
                 budgets.append(budget)
         sizes = budgets
-    seeds = parse_list("--seeds", args.seeds, int)
-    given = parse_list("--lr-grid", args.lr_grid, float) if args.lr_grid else None
+    seeds = runner.numbers("--seeds", args.seeds, int, positive=False)
+    given = runner.numbers("--lr-grid", args.lr_grid, float) if args.lr_grid else None
     lrs = given or lr_grid(base.inner.lr, args.lr_points)
     for size in sizes:  # every arm's recipe loads, or the bench stops here with the recipe's error
         for arm in arms:

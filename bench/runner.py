@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import platform
 import shlex
@@ -56,6 +57,20 @@ def refusing_bad_input() -> Iterator[None]:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def numbers(flag: str, text: str, kind: type[int] | type[float], positive: bool = True) -> list[Any]:
+    """A comma-separated option's numbers (each above 0 where `positive`); anything else is dlc's
+    UserError, which `refusing_bad_input` turns into one line and exit 2."""
+    from dlc.errors import UserError
+
+    try:
+        values = [kind(item) for item in text.split(",")]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give {kind.__name__} values separated by commas, as in {flag} 1,2") from None
+    if positive and any(not math.isfinite(v) or v <= 0 for v in values):
+        raise UserError(f"{flag} {text!r}: every value must be a positive number")
+    return values
 
 
 # ---------------------------------------------------------------------------------------------

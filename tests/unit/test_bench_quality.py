@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import quality  # noqa: E402
+import runner  # noqa: E402
 
 
 def _runs(table: dict[float, dict[int, float]]) -> list[dict[str, object]]:
@@ -67,9 +68,10 @@ def test_a_list_option_that_is_not_numbers_is_refused_as_bad_input(flag, text, k
     from dlc.errors import UserError
 
     with pytest.raises(UserError, match=match):
-        quality.parse_list(flag, text, kind)
+        runner.numbers(flag, text, kind)
 
 
 def test_a_list_option_gives_its_numbers():
-    assert quality.parse_list("--seeds", "0,1,2", int) == [0, 1, 2]
-    assert quality.parse_list("--lr-grid", "0.003,6e-3", float) == [0.003, 0.006]
+    assert runner.numbers("--seeds", "0,1,2", int, positive=False) == [0, 1, 2]
+    assert runner.numbers("--seeds", "-1", int, positive=False) == [-1]
+    assert runner.numbers("--lr-grid", "0.003,6e-3", float) == [0.003, 0.006]

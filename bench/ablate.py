@@ -30,6 +30,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+import runner  # noqa: E402
+
 DP = "data-parallel"
 SECTIONS = ("run", "model", "data", "learners", "inner", "syncer", "blocking", "eval", "checkpoint", "algorithm")
 
@@ -44,7 +46,9 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
     for kv in body.split(","):
         key, eq, value = kv.partition("=")
         if not eq:
-            raise SystemExit(f"setting {text!r}: {kv!r} is not KEY=VALUE")
+            from dlc.errors import UserError
+
+            raise UserError(f"setting {text!r}: {kv!r} is not KEY=VALUE")
         overrides.append(f"{key if key.split('.')[0] in SECTIONS else 'syncer.' + key}={value}")
     return label, overrides
 
@@ -70,18 +74,19 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--no-dp", action="store_true", help="skip the data-parallel reference")
     args = ap.parse_args()
+    with runner.refusing_bad_input():
+        batches = runner.numbers("--batches", args.batches, int) if args.batches else None
+        # Without --paces every learner of each setting steps at one pace, whatever count the setting gives.
+        paces = runner.numbers("--paces", args.paces, float) if args.paces else None
+        seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
+        settings = [parse_setting(s) for s in args.settings]
 
     from dlc.config.load import replaced_overrides
 
     base = list(args.set)
-    if args.batches:
-        batches = [int(b) for b in args.batches.split(",")]
+    if batches:
         entries = ",".join(f"{{index: {i}, batch_size: {b}}}" for i, b in enumerate(batches))
         base.append(f"learners.overrides=[{entries}]")
-    # Without --paces every learner of each setting steps at one pace, whatever count the setting gives.
-    paces = [float(p) for p in args.paces.split(",")] if args.paces else None
-    seeds = [int(s) for s in args.seeds.split(",")]
-    settings = [parse_setting(s) for s in args.settings]
     jobs: dict[tuple[str, int], Any] = {}
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
         for seed in seeds:

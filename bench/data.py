@@ -454,7 +454,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.scale_gb, args.small_mb, args.wall_s, args.seeds = 1, 0.2, 20.0, 60.0, "0"
-    args.seeds = [int(s) for s in str(args.seeds).split(",")]
+    with runner.refusing_bad_input():
+        args.seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
     args.parser = ap
     with tempfile.TemporaryDirectory(prefix="dlc-bench-data-") as tmp:
         root = Path(args.keep or tmp).resolve()

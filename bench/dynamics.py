@@ -107,7 +107,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     base = load_recipe(runner.REPO / RECIPE)
     sizes = parse_sizes(args.sizes)
     small = args.global_batch // 4
-    seeds = runner.numbers("--seeds", args.seeds, int, positive=False)
+    seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
     arms = tuple(arm for arm in (DP, M4) if not args.only or arm.label == args.only)
     data: dict[str, Any] = {
         "meta": {

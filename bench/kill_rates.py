@@ -41,9 +41,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
+    with runner.refusing_bad_input():  # 0 is a run without kills
+        rates = runner.numbers("--rates", args.rates, float, sign="non-negative")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for rate in (float(r) for r in args.rates.split(",")):
+        for rate in rates:
             run_dir = Path(tmp) / f"rate-{rate:g}"
             summary = train(args.recipe, run_dir, rate, args.tokens, args.seed)
             kills = [k for k in runner.kill_timings(run_dir) if "first_push" in k]

@@ -130,8 +130,10 @@ def main() -> None:
     ap.add_argument("--block-steps", type=int, default=20, help="timed steps per block")
     ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
+    with runner.refusing_bad_input():
+        widths = runner.numbers("--widths", args.widths, int)
     rows = []
-    for width in (int(w) for w in args.widths.split(",")):
+    for width in widths:
         recipe = load_recipe(runner.REPO / args.recipe, [f"model.width={width}"])
         params, cpu_ms = measure(recipe, args.blocks, args.block_steps)
         none = statistics.median(cpu_ms["none"])

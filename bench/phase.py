@@ -23,6 +23,8 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
+import runner  # noqa: E402  (first: it puts this checkout's dlc on the path)
+
 from dlc.algo.local import InProcessRun  # noqa: E402
 from dlc.config.load import load_recipe  # noqa: E402
 from dlc.data.corpus import load_corpus, split_corpus
@@ -53,11 +55,14 @@ def main() -> None:
     ap.add_argument("--eval-at", type=int, default=None, help="also evaluate the global model at this step")
     ap.add_argument("overrides", nargs="*", help="recipe key=value overrides")
     args = ap.parse_args()
-    behind = [int(s) for s in args.apart.split(",")]
+    with runner.refusing_bad_input():
+        behind = runner.numbers("--apart", args.apart, int, sign="non-negative")
+        quorums = runner.numbers("--quorums", args.quorums, int)
+        seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
     print(f"recipe {args.recipe} {' '.join(args.overrides)}; {len(behind)} learners, {args.steps} steps each")
     at = f"eval @{args.eval_at}" if args.eval_at is not None else ""
     print(f"{'setting':34s} {'contributors/round':>18s} {'rounds':>7s} {at:>12s} {'global eval':>12s} {'time':>6s}")
-    settings = [(int(q), int(seed)) for q in args.quorums.split(",") for seed in args.seeds.split(",")]
+    settings = [(quorum, seed) for quorum in quorums for seed in seeds]
     for quorum, seed in settings:
         for label, offsets in (("in phase", [0] * len(behind)), ("apart " + args.apart, behind)):
             recipe = load_recipe(

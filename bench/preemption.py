@@ -49,7 +49,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4 * 300 * 16 * 64, help="tokens trained by every run")
     ap.add_argument("--results", default=str(runner.RESULTS))
     args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    with runner.refusing_bad_input():
+        seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
     lines = [
         f"Every run stops at {args.tokens:,} trained tokens; `preempt` at {args.rate:g} per learner per minute "
         f"with {args.notice_s:g} s of notice (after a 10 s warm-up, at most 2 at once). Unpushed: steps of "

@@ -504,7 +504,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 plan_size(budget, c, args.global_batch, args.rounds, base.learners.seq_len, H=size.H)
                 budgets.append(budget)
         sizes = budgets
-    seeds = runner.numbers("--seeds", args.seeds, int, positive=False)
+    seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
     given = runner.numbers("--lr-grid", args.lr_grid, float) if args.lr_grid else None
     lrs = given or lr_grid(base.inner.lr, args.lr_points)
     for size in sizes:  # every arm's recipe loads, or the bench stops here with the recipe's error

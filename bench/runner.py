@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -59,17 +59,21 @@ def refusing_bad_input() -> Iterator[None]:
         raise SystemExit(2) from None
 
 
-def numbers(flag: str, text: str, kind: type[int] | type[float], positive: bool = True) -> list[Any]:
-    """A comma-separated option's numbers (each above 0 where `positive`); anything else is dlc's
-    UserError, which `refusing_bad_input` turns into one line and exit 2."""
+def numbers(
+    flag: str, text: str, kind: type[int] | type[float], sign: Literal["positive", "non-negative", "any"] = "positive"
+) -> list[Any]:
+    """A comma-separated option's numbers, each above 0 (`sign` "positive"), at least 0 ("non-negative")
+    or any; anything else is dlc's UserError, which `refusing_bad_input` turns into one line and exit 2."""
     from dlc.errors import UserError
 
     try:
         values = [kind(item) for item in text.split(",")]
     except ValueError:
         raise UserError(f"{flag} {text!r}: give {kind.__name__} values separated by commas, as in {flag} 1,2") from None
-    if positive and any(not math.isfinite(v) or v <= 0 for v in values):
+    if sign == "positive" and any(not math.isfinite(v) or v <= 0 for v in values):
         raise UserError(f"{flag} {text!r}: every value must be a positive number")
+    if sign == "non-negative" and any(not math.isfinite(v) or v < 0 for v in values):
+        raise UserError(f"{flag} {text!r}: every value must be 0 or a positive number")
     return values
 
 

@@ -45,7 +45,9 @@ def parse_sizes(text: str) -> list[dict[str, Any]]:
     for item in text.split(","):
         parts = item.split(":")
         if len(parts) != 3 or not parts[2].isdigit():
-            raise SystemExit(f"--sizes: {item!r} is not NAME:OVERRIDE[;OVERRIDE...]:TOKENS")
+            from dlc.errors import UserError
+
+            raise UserError(f"--sizes {item!r}: give NAME:OVERRIDE[;OVERRIDE...]:TOKENS, comma-separated")
         sizes.append({"name": parts[0], "overrides": [o for o in parts[1].split(";") if o], "tokens": int(parts[2])})
     return sizes
 
@@ -154,7 +156,9 @@ def main() -> None:
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
     else:
-        sizes = parse_sizes(args.sizes)
+        with runner.refusing_bad_input():
+            seeds = runner.numbers("--seeds", args.seeds, int, sign="any")
+            sizes = parse_sizes(args.sizes)
         for size in sizes:
             size["params"] = n_params(size["overrides"])
         algorithms = [a for a in args.algorithms.split(",") if a]
@@ -165,7 +169,7 @@ def main() -> None:
         meta = {
             **asdict(runner.Provenance.here("python bench/scaling.py " + shlex.join(sys.argv[1:]))),
             "sizes": sizes,
-            "seeds": [int(s) for s in args.seeds.split(",")],
+            "seeds": seeds,
             "algorithms": algorithms,
         }
         data = {"meta": meta, "runs": []}

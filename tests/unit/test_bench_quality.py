@@ -71,7 +71,16 @@ def test_a_list_option_that_is_not_numbers_is_refused_as_bad_input(flag, text, k
         runner.numbers(flag, text, kind)
 
 
+@pytest.mark.parametrize("text", ["0.1,-1", "nan", "0,inf"])
+def test_a_non_negative_list_option_refuses_negatives_and_non_finite_values(text):
+    from dlc.errors import UserError
+
+    with pytest.raises(UserError, match="every value must be 0 or a positive number"):
+        runner.numbers("--rates", text, float, sign="non-negative")
+
+
 def test_a_list_option_gives_its_numbers():
-    assert runner.numbers("--seeds", "0,1,2", int, positive=False) == [0, 1, 2]
-    assert runner.numbers("--seeds", "-1", int, positive=False) == [-1]
+    assert runner.numbers("--seeds", "0,1,2", int, sign="any") == [0, 1, 2]
+    assert runner.numbers("--seeds", "-1", int, sign="any") == [-1]
     assert runner.numbers("--lr-grid", "0.003,6e-3", float) == [0.003, 0.006]
+    assert runner.numbers("--rates", "0,0.5", float, sign="non-negative") == [0.0, 0.5]

@@ -105,6 +105,7 @@ def train_twin(
     count = len(run.learners)
     per_step = [learner.tokens_per_step for learner in run.learners]
     cosines = _watch_outer_gradients(run.syncer)
+    factors = _watch_factors(run.syncer)
     run.run_until(until)
     run.finish()
     weights: list[list[float]] = [[] for _ in range(count)]  # every round's weight of each learner
@@ -136,6 +137,7 @@ def train_twin(
         # How much one round's merged outer gradient of a fragment points the way of the one before:
         # what an outer momentum adds up (near 0, it mostly extrapolates noise).
         "delta_cosine": statistics.fmean(cosines) if cosines else None,
+        **_factor_summary(factors),
         "wall_s": time.monotonic() - t0,
     }
 
@@ -160,3 +162,55 @@ def _watch_outer_gradients(syncer: Any) -> list[float]:
 
         outer.step = step
     return cosines
+
+
+def _kind(name: str) -> str:
+    """A tensor's part of the model, for the factors' summary: embed, attn, mlp or norm (else its name)."""
+    for kind in ("embed", "attn", "mlp", "norm"):
+        if kind in name:
+            return kind
+    return name
+
+
+def _watch_factors(syncer: Any) -> list[dict[str, float]]:
+    """Record, after every round the syncer folds into its learning-rate factors (`syncer.lr_feedback`),
+    the factor the learners multiply their lr by: its mean over all the parameters and over each part
+    of the model (`_kind`), by size. The list fills as the run goes; empty when the feedback is off."""
+    import numpy as np
+
+    book = getattr(syncer, "spread", None)
+    if book is None or not book.on:
+        return []
+    plan = book.plan
+    kinds = [[_kind(span.name) for span in plan.spans(p)] for p in range(plan.num_fragments)]
+    sizes = [np.array([span.length for span in plan.spans(p)], dtype=np.float64) for p in range(plan.num_fragments)]
+    names = sorted({kind for fragment in kinds for kind in fragment})
+    trace: list[dict[str, float]] = []
+    update = book.update
+
+    def watched(p: int, *args: Any, **kwargs: Any) -> None:
+        update(p, *args, **kwargs)
+        factor = np.concatenate([np.asarray(book.values[q]) ** book.power for q in range(plan.num_fragments)])
+        size = np.concatenate(sizes)
+        kind = np.array([k for fragment in kinds for k in fragment])
+        point = {"all": float(factor @ size / size.sum())}
+        for name in names:
+            mask = kind == name
+            point[name] = float(factor[mask] @ size[mask] / size[mask].sum())
+        trace.append(point)
+
+    book.update = watched
+    return trace
+
+
+def _factor_summary(trace: list[dict[str, float]]) -> dict[str, Any]:
+    """The learners' mean lr factor over the run and over each third of its rounds, and by part of the
+    model over the run ({} without the feedback)."""
+    if not trace:
+        return {}
+    thirds = [trace[i * len(trace) // 3 : (i + 1) * len(trace) // 3] or trace for i in range(3)]
+    return {
+        "lr_factor": statistics.fmean(point["all"] for point in trace),
+        "lr_factor_thirds": [statistics.fmean(point["all"] for point in part) for part in thirds],
+        "lr_factor_by_kind": {k: statistics.fmean(point[k] for point in trace) for k in trace[0] if k != "all"},
+    }

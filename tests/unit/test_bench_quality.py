@@ -84,3 +84,30 @@ def test_a_list_option_gives_its_numbers():
     assert runner.numbers("--seeds", "-1", int, sign="any") == [-1]
     assert runner.numbers("--lr-grid", "0.003,6e-3", float) == [0.003, 0.006]
     assert runner.numbers("--rates", "0,0.5", float, sign="non-negative") == [0.0, 0.5]
+
+
+def test_the_twin_records_the_learners_lr_factor_by_part_of_the_model_as_the_syncer_updates_it():
+    import numpy as np
+    import twin
+
+    from dlc.algo.decoupled.lr_feedback import SpreadBook
+    from dlc.core.fragments import FragmentPlan
+
+    plan = FragmentPlan.build({"embed/embedding": (4, 2), "blocks/0/mlp/up/kernel": (8,)}, 2)
+    syncer = type("Syncer", (), {})()
+    syncer.spread = SpreadBook(plan, "spread", decay=0.0, power=2.0)  # no smoothing: each round's spread
+    trace = twin._watch_factors(syncer)
+    for p in range(plan.num_fragments):  # each fragment one tensor of 8 values
+        # Two learners' deltas at right angles: their mean's norm is 1/sqrt(2) of their norms, a spread
+        # of sqrt(2) and, squared, a factor of 2.
+        same, alternating = np.ones(8, dtype=np.float32), np.resize([1.0, -1.0], 8).astype(np.float32)
+        syncer.spread.update(p, [same, alternating], np.ones(2))
+    assert len(trace) == 2
+    assert trace[-1] == pytest.approx({"all": 2.0, "embed": 2.0, "mlp": 2.0})
+    assert trace[0] == pytest.approx({"all": 1.5, "embed": 1.0, "mlp": 2.0})  # the first fragment alone
+    summary = twin._factor_summary(trace)
+    assert summary["lr_factor"] == pytest.approx(1.75)
+    assert summary["lr_factor_thirds"] == pytest.approx([1.75, 1.5, 2.0])  # a third of 2 points: all of them
+    assert twin._factor_summary([]) == {}
+    off = type("Syncer", (), {"spread": SpreadBook(plan, "none", 0.8, 2.5)})()
+    assert twin._watch_factors(off) == []

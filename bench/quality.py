@@ -314,12 +314,23 @@ def plot(data: dict[str, Any], out: Path) -> None:
         runner.gap_plot(series, out, title, "parameters")
 
 
+def lr_factor(runs: list[dict[str, Any]]) -> str:
+    """The learners' mean lr factor over these runs (`syncer.lr_feedback`), and over their last third: blank
+    for runs without the feedback, or recorded before the twin measured it."""
+    measured = [r for r in runs if r.get("lr_factor") is not None]
+    if not measured:
+        return ""
+    last = statistics.fmean(r["lr_factor_thirds"][-1] for r in measured)
+    return f"{statistics.fmean(r['lr_factor'] for r in measured):.2f} ({last:.2f})"
+
+
 def table(data: dict[str, Any]) -> str:
     meta, runs = data["meta"], data["runs"]
     ladder = meta["mode"] == "ladder"
     head = ["size", "arm", "best inner lr", "eval loss (mean of seeds)", "vs data-parallel, paired"]
     head += ["vs the rung before, paired"] if ladder else []
     head += ["contributors per round", "rounds per fragment", "MiB up", "consecutive outer gradients, cosine"]
+    head += ["lr factor, mean (last third)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for size in meta["sizes"]:
         # Without its data-parallel reference (not trained yet, or left out by --only) a row has no gap.
@@ -335,13 +346,14 @@ def table(data: dict[str, Any]) -> str:
             if ladder:
                 cells.append(paired(losses, before) if before is not None else "")
             if arm["dp"]:
-                cells += ["", "", "", ""]
+                cells += ["", "", "", "", ""]
             else:
                 rounds = statistics.fmean(r["rounds"] / r["fragments"] for r in one)
                 mib = statistics.fmean(r["bytes_up"] for r in one) / 2**20
                 cosine = statistics.fmean(r["delta_cosine"] for r in one if r["delta_cosine"] is not None)
                 cells += [f"{statistics.fmean(r['contributors'] for r in one):.2f}", f"{rounds:.0f}", f"{mib:.1f}"]
                 cells.append(f"{cosine:+.2f}")
+                cells.append(lr_factor(one))
             lines.append("| " + " | ".join(cells) + " |")
             before = losses
     trained_lrs = {s["name"]: sorted({r["lr"] for r in runs if r["size"] == s["name"]}) for s in meta["sizes"]}
@@ -368,11 +380,9 @@ def table(data: dict[str, Any]) -> str:
         f"{sizes}. Losses are nats per byte of the global model after the final flush; a paired difference is the "
         f"mean over the seeds of each seed's loss against the reference's of the same seed, with their standard "
         f"deviation and range; the "
-        f"cosine is between one round's merged outer gradient of a fragment and its round before, averaged.\n\n"
-        + "\n".join(lines)
-        + f"\n\nArms: {notes}.\n"
-        + trend(data)
-        + cli
+        f"cosine is between one round's merged outer gradient of a fragment and its round before, averaged; the "
+        f"lr factor is what the learning-rate feedback multiplies the learners' lr by, over the parameters "
+        f"and the run's rounds.\n\n" + "\n".join(lines) + f"\n\nArms: {notes}.\n" + trend(data) + cli
     )
 
 

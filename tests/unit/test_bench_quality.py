@@ -111,3 +111,9 @@ def test_the_twin_records_the_learners_lr_factor_by_part_of_the_model_as_the_syn
     assert twin._factor_summary([]) == {}
     off = type("Syncer", (), {"spread": SpreadBook(plan, "none", 0.8, 2.5)})()
     assert twin._watch_factors(off) == []
+
+
+def test_the_table_gives_the_learners_mean_lr_factor_and_leaves_it_blank_where_unmeasured():
+    runs = [{"lr_factor": 2.0, "lr_factor_thirds": [1.0, 2.0, 3.0]}, {"lr_factor": 3.0, "lr_factor_thirds": [2, 3, 4]}]
+    assert quality.lr_factor(runs) == "2.50 (3.50)"
+    assert quality.lr_factor([{"loss": 1.0}]) == ""  # a run from before the twin measured it, or without feedback

@@ -182,20 +182,19 @@ def _watch_factors(syncer: Any) -> list[dict[str, float]]:
     if book is None or not book.on:
         return []
     plan = book.plan
-    kinds = [[_kind(span.name) for span in plan.spans(p)] for p in range(plan.num_fragments)]
-    sizes = [np.array([span.length for span in plan.spans(p)], dtype=np.float64) for p in range(plan.num_fragments)]
-    names = sorted({kind for fragment in kinds for kind in fragment})
+    # Every piece of every fragment in one flat order, as the book's values concatenate them.
+    pieces = [span for p in range(plan.num_fragments) for span in plan.spans(p)]
+    size = np.array([span.length for span in pieces], dtype=np.float64)
+    kind = np.array([_kind(span.name) for span in pieces])
+    masks = {name: kind == name for name in sorted(set(kind.tolist()))}
     trace: list[dict[str, float]] = []
     update = book.update
 
     def watched(p: int, *args: Any, **kwargs: Any) -> None:
         update(p, *args, **kwargs)
         factor = np.concatenate([np.asarray(book.values[q]) ** book.power for q in range(plan.num_fragments)])
-        size = np.concatenate(sizes)
-        kind = np.array([k for fragment in kinds for k in fragment])
         point = {"all": float(factor @ size / size.sum())}
-        for name in names:
-            mask = kind == name
+        for name, mask in masks.items():
             point[name] = float(factor[mask] @ size[mask] / size[mask].sum())
         trace.append(point)
 

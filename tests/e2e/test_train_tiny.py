@@ -79,9 +79,12 @@ def test_four_learners_merge_and_learn(calm_run):
     train_lines = [m for m in read_jsonl(run_dir / "metrics.jsonl") if m["kind"] == "train"]
     assert {m["learner"] for m in train_lines} == {0, 1, 2, 3}
     # Without faults the goodput ledger holds start-up, the checkpoints each learner wrote at step
-    # 200 while training (its loop stood still for them), and productive time.
-    assert summary["badput"]["dead"] == 0 and summary["badput"]["stalled"] == 0 and summary["goodput"] > 0.5
-    assert summary["badput"]["checkpoint"] > 0
+    # 200 while training (its loop stood still for them), and productive time. How large a share each
+    # takes is wall time (start-up against 300 steps, on a shared host), a benchmark's figure, not
+    # this test's: bench/kill_rates.py measures goodput.
+    badput = summary["badput"]
+    assert badput["dead"] == badput["stalled"] == badput["preempted"] == badput["rejoining"] == 0
+    assert badput["startup"] > 0 and badput["checkpoint"] > 0 and 0 < summary["goodput"] < 1
 
 
 def test_the_finished_runs_model_samples_scores_and_exports_as_the_run_said(calm_run, tmp_path):

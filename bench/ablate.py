@@ -21,8 +21,7 @@ import argparse
 import os
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,7 @@ def main() -> None:
         entries = ",".join(f"{{index: {i}, batch_size: {b}}}" for i, b in enumerate(batches))
         base.append(f"learners.overrides=[{entries}]")
     jobs: dict[tuple[str, int], Any] = {}
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+    with runner.pool(args.jobs) as pool:
         for seed in seeds:
             if not args.no_dp:
                 jobs[DP, seed] = pool.submit(

@@ -28,9 +28,8 @@ import shlex
 import statistics
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +122,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.keep or tempfile.mkdtemp(prefix="dlc-dynamics-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     jobs = {}
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+    with runner.pool(args.jobs) as pool:
         for size in sizes:
             plan_size(size, args.c, args.global_batch, args.rounds, base.learners.seq_len, H=args.H)
             data["meta"]["sizes"].append(vars(size))

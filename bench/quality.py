@@ -43,9 +43,8 @@ import shlex
 import statistics
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -537,7 +536,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     data: dict[str, Any] = {"meta": meta, "runs": []}
     jobs = {}
-    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+    with runner.pool(args.jobs) as pool:
         for size in sizes:
             for arm in arms:
                 for lr in lrs:

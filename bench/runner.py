@@ -21,9 +21,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -79,6 +82,25 @@ def numbers(
 
 # ---------------------------------------------------------------------------------------------
 # Running the CLI
+
+
+def pool(jobs: int) -> ProcessPoolExecutor:
+    """Worker processes for in-process trainings, `jobs` at once (spawned: jax's threads do not survive
+    a fork). Each worker ends itself within a second of its bench going away, however the bench
+    ended: a bench stopped with `kill` would otherwise leave its trainings running, unseen, on the
+    cores the next bench measures on."""
+    return ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=_exit_with, initargs=(os.getpid(),))
+
+
+def _exit_with(parent: int) -> None:
+    """A pool worker's initializer: a thread that ends the worker once `parent` is no longer its parent."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-bench", daemon=True).start()
 
 
 def train_command(

@@ -1,0 +1,67 @@
+"""A bench's training workers (`runner.pool`) end when the bench does, however it ended: a bench killed
+with SIGKILL, which runs no cleanup of its own, leaves no training behind on the cores. No training
+here: the bench is a small script that starts a pool, hands it a long sleep and waits."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+BENCH_LIKE = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import runner
+
+    if __name__ == "__main__":
+        with runner.pool(1) as pool:
+            print(pool.submit(os.getpid).result(), flush=True)  # the worker's initializer has run
+            pool.submit(time.sleep, 600)
+            time.sleep(600)
+    """
+)
+
+
+def _gone(pid: int) -> bool:
+    """No process `pid`, or one that has exited and waits to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes' states from /proc")
+def test_a_killed_bench_leaves_no_worker_running(tmp_path):
+    script = tmp_path / "bench_like.py"
+    script.write_text(BENCH_LIKE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(BENCH)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # the bench and its worker in a group of their own, killed whatever happens
+    )
+    try:
+        worker = int(proc.stdout.readline())
+        assert worker != proc.pid and not _gone(worker)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60  # a bound for a loaded host; the worker checks twice a second
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(worker), f"worker {worker} still runs after its bench was killed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)  # reaps it and closes its pipe

@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--paces", help="comma-separated step times, one per learner (default: all equal)")
     ap.add_argument("--batches", help="comma-separated batch sizes, one per learner (default: the recipe's)")
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=runner.workers, default=2)
     ap.add_argument("--no-dp", action="store_true", help="skip the data-parallel reference")
     args = ap.parse_args()
     with runner.refusing_bad_input():

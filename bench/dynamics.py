@@ -227,7 +227,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.00424264, help="the inner lr of both arms")
     ap.add_argument("--points", type=int, default=8, help="evaluations along each run")
     ap.add_argument("--only", choices=[DP.label, M4.label], help="train only this arm")
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=runner.workers, default=2)
     ap.add_argument("--keep", help="directory for dynamics.json (default: a new temp dir)")
     ap.add_argument("--from-json", help="render the table from a dynamics.json instead of training")
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")

@@ -415,7 +415,7 @@ def main() -> None:
         default=[],
         help="train only this arm of the mode's (its label; repeatable), e.g. to sweep one arm's lr further",
     )
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=runner.workers, default=2)
     ap.add_argument("--keep", help="directory for quality.json (default: a new temp dir)")
     ap.add_argument(
         "--from-json",

@@ -84,6 +84,17 @@ def numbers(
 # Running the CLI
 
 
+def workers(text: str) -> int:
+    """An argparse type for `--jobs`: how many trainings at once, a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of trainings at once (a whole number, at least 1)")
+    return value
+
+
 def pool(jobs: int) -> ProcessPoolExecutor:
     """Worker processes for in-process trainings, `jobs` at once (spawned: jax's threads do not survive
     a fork). Each worker ends itself within a second of its bench going away, however the bench

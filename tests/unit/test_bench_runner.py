@@ -1,6 +1,7 @@
 """A bench's training workers (`runner.pool`) end when the bench does, however it ended: a bench killed
 with SIGKILL, which runs no cleanup of its own, leaves no training behind on the cores. No training
-here: the bench is a small script that starts a pool, hands it a long sleep and waits."""
+here: the bench is a small script that starts a pool, hands it a long sleep and waits. And the
+benches that start a pool refuse a `--jobs` below 1 before anything else, as argparse refuses."""
 
 from __future__ import annotations
 
@@ -65,3 +66,19 @@ def test_a_killed_bench_leaves_no_worker_running(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)  # reaps it and closes its pipe
+
+
+@pytest.mark.parametrize("script", ["quality.py", "ablate.py", "dynamics.py"])
+@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
+def test_a_bench_refuses_jobs_below_one(script, jobs, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), f"--jobs={jobs}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"argument --jobs: '{jobs}' is not a number of trainings at once" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

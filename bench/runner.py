@@ -1,4 +1,5 @@
-"""What every benchmark shares: running the real CLI, and recording a result table in RESULTS.md.
+"""What every benchmark shares: running the real CLI, running in-process trainings in worker
+processes that end with the bench (`pool`), and recording a result table in RESULTS.md.
 
 A bench script builds `dlc train` command lines (`train_command`), runs each in a process group of
 its own with its output in a log file beside the run directory (`run`, `train`), reads what chaos
@@ -81,7 +82,7 @@ def numbers(
 
 
 # ---------------------------------------------------------------------------------------------
-# Running the CLI
+# Running trainings in this process's workers
 
 
 def workers(text: str) -> int:
@@ -112,6 +113,10 @@ def _exit_with(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-bench", daemon=True).start()
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the CLI
 
 
 def train_command(

@@ -222,7 +222,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.from_json:
-        data = merge_results([json.loads(Path(f).read_text()) for f in args.from_json])
+        with runner.refusing_bad_input():  # a file that is missing or not JSON
+            data = merge_results([runner.saved_json(f) for f in args.from_json])
         text, _ = render(data, args.target_loss)
         if args.out:
             runner.record(title(data["meta"]), provenance(data["meta"]), text, args.out)

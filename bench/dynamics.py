@@ -23,7 +23,6 @@ alone (B_simple without the gap).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -233,7 +232,8 @@ def main() -> None:
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
     args = ap.parse_args()
     if args.from_json:
-        data = json.loads(Path(args.from_json).read_text())
+        with runner.refusing_bad_input():  # a file that is missing or not JSON
+            data = runner.saved_json(args.from_json)
     else:
         with runner.refusing_bad_input():  # a bad --sizes, --only, --H or --seeds
             data = measure(args)

@@ -433,7 +433,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.from_json:
-        data = merge([json.loads(Path(f).read_text()) for f in args.from_json])
+        with runner.refusing_bad_input():  # a file that is missing or not JSON
+            data = merge([runner.saved_json(f) for f in args.from_json])
         if args.cli:  # the twin's runs are there: only the CLI's are trained
             if len(args.from_json) > 1:
                 print("error: --cli trains beside one quality.json: pass --from-json once", file=sys.stderr)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import platform
@@ -79,6 +80,21 @@ def numbers(
     if sign == "non-negative" and any(not math.isfinite(v) or v < 0 for v in values):
         raise UserError(f"{flag} {text!r}: every value must be 0 or a positive number")
     return values
+
+
+def saved_json(path: str) -> Any:
+    """A bench's saved results (`--from-json`); a file that is missing or not JSON is dlc's UserError,
+    which `refusing_bad_input` turns into one line and exit 2."""
+    from dlc.errors import UserError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UserError(
+            f"--from-json {path}: cannot read it ({exc.strerror}); give a results file a run saved"
+        ) from None
+    except ValueError as exc:
+        raise UserError(f"--from-json {path}: not a results file, it is not JSON ({exc})") from None
 
 
 # ---------------------------------------------------------------------------------------------

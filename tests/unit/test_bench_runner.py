@@ -1,7 +1,8 @@
 """A bench's training workers (`runner.pool`) end when the bench does, however it ended: a bench killed
 with SIGKILL, which runs no cleanup of its own, leaves no training behind on the cores. No training
 here: the bench is a small script that starts a pool, hands it a long sleep and waits. And the
-benches that start a pool refuse a `--jobs` below 1 before anything else, as argparse refuses."""
+benches that start a pool refuse a `--jobs` below 1 before anything else, as argparse refuses; those
+that re-render saved results refuse a `--from-json` file that is missing or not JSON the same way."""
 
 from __future__ import annotations
 
@@ -82,3 +83,29 @@ def test_a_bench_refuses_jobs_below_one(script, jobs, tmp_path):
     assert "Traceback" not in proc.stderr
     assert f"argument --jobs: '{jobs}' is not a number of trainings at once" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("script", "saved", "said"),
+    [
+        ("quality.py", None, "cannot read it (No such file or directory)"),
+        ("compare.py", None, "cannot read it (No such file or directory)"),
+        ("dynamics.py", None, "cannot read it (No such file or directory)"),
+        ("quality.py", "{", "not a results file, it is not JSON"),
+    ],
+)
+def test_a_bench_refuses_a_saved_file_it_cannot_read(script, saved, said, tmp_path):
+    path = tmp_path / "results.json"
+    if saved is not None:
+        path.write_text(saved)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--from-json", str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"error: --from-json {path}: {said}" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if saved is None else ["results.json"])

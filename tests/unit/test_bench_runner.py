@@ -69,18 +69,21 @@ def test_a_killed_bench_leaves_no_worker_running(tmp_path):
         proc.communicate(timeout=30)  # reaps it and closes its pipe
 
 
-@pytest.mark.parametrize("script", ["quality.py", "ablate.py", "dynamics.py"])
-@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
-def test_a_bench_refuses_jobs_below_one(script, jobs, tmp_path):
+def _refused(script: str, *options: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Runs a bench with `options` and checks that it refused them as dlc refuses bad input: exit 2,
+    no traceback."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH / script), f"--jobs={jobs}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, str(BENCH / script), *options], cwd=cwd, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("script", ["quality.py", "ablate.py", "dynamics.py"])
+@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
+def test_a_bench_refuses_jobs_below_one(script, jobs, tmp_path):
+    proc = _refused(script, f"--jobs={jobs}", cwd=tmp_path)
     assert f"argument --jobs: '{jobs}' is not a number of trainings at once" in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -98,14 +101,6 @@ def test_a_bench_refuses_a_saved_file_it_cannot_read(script, saved, said, tmp_pa
     path = tmp_path / "results.json"
     if saved is not None:
         path.write_text(saved)
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--from-json", str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
+    proc = _refused(script, "--from-json", str(path), cwd=tmp_path)
     assert f"error: --from-json {path}: {said}" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if saved is None else ["results.json"])

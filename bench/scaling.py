@@ -154,7 +154,8 @@ def main() -> None:
     ap.add_argument("--out", help="record the table here (default bench/RESULTS.md)")
     args = ap.parse_args()
     if args.from_json:
-        data = json.loads(Path(args.from_json).read_text())
+        with runner.refusing_bad_input():  # a file that is missing or not JSON
+            data = runner.saved_json(args.from_json)
     else:
         with runner.refusing_bad_input():
             seeds = runner.numbers("--seeds", args.seeds, int, sign="any")

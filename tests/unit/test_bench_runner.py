@@ -94,6 +94,7 @@ def test_a_bench_refuses_jobs_below_one(script, jobs, tmp_path):
         ("quality.py", None, "cannot read it (No such file or directory)"),
         ("compare.py", None, "cannot read it (No such file or directory)"),
         ("dynamics.py", None, "cannot read it (No such file or directory)"),
+        ("scaling.py", None, "cannot read it (No such file or directory)"),
         ("quality.py", "{", "not a results file, it is not JSON"),
     ],
 )
